@@ -1,0 +1,28 @@
+"""Every public name of treemod and treemod.nn has a `::: treemod.NAME` entry in docs/api."""
+
+import pathlib
+import re
+
+import treemod
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+
+
+def _documented() -> set[str]:
+    text = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    return set(re.findall(r"^:::\s*(treemod(?:\.\w+)+)\s*$", text, flags=re.M))
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    documented = _documented()
+    modules = {"treemod": treemod}
+    nn = getattr(treemod, "nn", None)
+    if nn is not None:
+        modules["treemod.nn"] = nn
+    missing = [
+        f"{prefix}.{name}"
+        for prefix, module in modules.items()
+        for name in module.__all__
+        if f"{prefix}.{name}" not in documented
+    ]
+    assert not missing, f"public names with no '::: NAME' entry under docs/: {missing}"

@@ -1,0 +1,53 @@
+"""treemod: pytree-native neural-network modules for JAX.
+
+Each section below belongs to one area of the library; keep names sorted within a section and
+list every name in `__all__`.
+"""
+
+# Filters and tree utilities.
+from ._filters import combine, filter, is_array, is_array_like, is_inexact_array, partition
+from ._pretty import tree_pformat, tree_summary
+from ._tree import apply_updates, tree_at, tree_equal
+
+# The Module core.
+from ._module import AbstractVar, FrozenModuleError, Module, field
+
+# State.
+from ._state import State, is_param, is_state, stateful, update_state
+
+# Transforms (filter_jit and friends).
+
+# Shape checks.
+
+# Serialisation.
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # Filters and tree utilities.
+    "apply_updates",
+    "combine",
+    "filter",
+    "is_array",
+    "is_array_like",
+    "is_inexact_array",
+    "partition",
+    "tree_at",
+    "tree_equal",
+    "tree_pformat",
+    "tree_summary",
+    # The Module core.
+    "AbstractVar",
+    "FrozenModuleError",
+    "Module",
+    "field",
+    # State.
+    "State",
+    "is_param",
+    "is_state",
+    "stateful",
+    "update_state",
+    # Transforms.
+    # Shape checks.
+    # Serialisation.
+]

@@ -1,0 +1,289 @@
+"""`Module`: a frozen dataclass that is a JAX pytree, and `field`, `AbstractVar`, `static_field`."""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+import re
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, dataclass_transform
+
+import jax.tree_util as jtu
+
+from ._filters import is_array
+from ._pretty import tree_pformat
+from ._shapecheck_hook import check_module_fields
+from ._tree import tree_equal
+
+__all__ = ["Module", "field", "AbstractVar", "FrozenModuleError"]
+
+_T = TypeVar("_T")
+
+# ids of the modules whose `__init__` is running; only they may set attributes.
+_INITIALISING: set[int] = set()
+
+
+class FrozenModuleError(AttributeError):
+    """Raised when code sets or deletes an attribute of a module after its construction."""
+
+
+def field(
+    *,
+    static: bool = False,
+    converter: Callable[[Any], Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Declare a module field, like `dataclasses.field`, with two extra options.
+
+    Arguments:
+        static: keep the value in the tree structure (the treedef's auxiliary data) instead of
+            making it a leaf. Static values are compared by `==`, so two modules with equal static
+            values have equal tree structures. Use it for hyperparameters (sizes, flags,
+            activation functions), never for arrays.
+        converter: a function applied to the field's value after `__init__` has run (with the
+            generated `__init__` or a custom one).
+        **kwargs: passed on to `dataclasses.field` (`default`, `default_factory`, `init`, ...).
+
+    Returns:
+        A `dataclasses.Field` for use as a class-body default.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> class Scale(tm.Module):
+        ...     factor: jnp.ndarray = tm.field(converter=jnp.asarray)
+        ...     name: str = tm.field(static=True, default="scale")
+        >>> Scale(2.0).factor
+        Array(2., dtype=float32, weak_type=True)
+    """
+    metadata = dict(kwargs.pop("metadata", None) or {})
+    metadata["static"] = static
+    if converter is not None:
+        metadata["converter"] = converter
+    return dataclasses.field(metadata=metadata, **kwargs)
+
+
+if TYPE_CHECKING:
+    AbstractVar = ClassVar  # type checkers see an attribute declaration
+else:
+
+    class AbstractVar(Generic[_T]):
+        """Declare an attribute that concrete subclasses must provide.
+
+        `x: AbstractVar[int]` in an abstract module means every instantiable subclass defines
+        `x`, as a field or as a class attribute. A subclass that does not is abstract: building
+        it raises `TypeError` naming the missing attribute.
+
+        Example:
+            >>> import treemod as tm
+            >>> class Shape(tm.Module):
+            ...     sides: tm.AbstractVar[int]
+            >>> class Triangle(Shape):
+            ...     sides: int = 3
+            >>> Triangle().sides
+            3
+        """
+
+
+_ABSTRACT_VAR = re.compile(r"(^|\.)AbstractVar\[")
+
+
+def _is_abstract_var(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return bool(_ABSTRACT_VAR.search(annotation))
+    return getattr(annotation, "__origin__", None) is AbstractVar
+
+
+def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
+    """Generate flatten, flatten-with-keys and unflatten functions specialised to `cls`'s fields."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    dynamic = [f.name for f in fields if not f.metadata.get("static", False)]
+    static = [f.name for f in fields if f.metadata.get("static", False)]
+    dyn_tuple = "".join(f"o.{n}, " for n in dynamic)
+    aux = "(" + "".join(f"o.{n}, " for n in static) + ")" if static else "None"
+    keyed = "".join(f"(_k{i}, o.{n}), " for i, n in enumerate(dynamic))
+    set_dyn = "".join(f"d[{n!r}], " for n in dynamic)
+    set_static = "".join(f"d[{n!r}], " for n in static)
+    lines = [
+        "def flatten(o):",
+        f"    return ({dyn_tuple}), {aux}",
+        "def flatten_with_keys(o):",
+        f"    return ({keyed}), {aux}",
+        "def unflatten(aux, children):",
+        "    o = _new(_cls)",
+        "    d = o.__dict__",
+    ]
+    if dynamic:
+        lines.append(f"    {set_dyn} = children")
+    if static:
+        lines.append(f"    {set_static} = aux")
+    lines.append("    return o")
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    namespace.update({f"_k{i}": jtu.GetAttrKey(n) for i, n in enumerate(dynamic)})
+    exec("\n".join(lines), namespace)
+    return namespace["flatten"], namespace["flatten_with_keys"], namespace["unflatten"]
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field, field))
+class _ModuleMeta(abc.ABCMeta):
+    """Turns every subclass into a dataclass and a pytree; runs the construction protocol."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        annotations = dict(namespace.get("__annotations__", {}))
+        own_abstract = {k for k, v in annotations.items() if _is_abstract_var(v)}
+        for k in own_abstract:
+            del annotations[k]
+        namespace["__annotations__"] = annotations
+        cls: Any = super().__new__(mcs, name, bases, namespace, **kwargs)
+
+        own_init = "__init__" in namespace
+        inherited_custom_init = any(getattr(b, "__tm_custom_init__", False) for b in bases)
+        cls.__tm_custom_init__ = own_init or (inherited_custom_init and not annotations)
+        cls = dataclasses.dataclass(eq=False, repr=False, init=not cls.__tm_custom_init__)(cls)
+
+        # Abstract variables: inherited ones stay abstract until a field or attribute provides them.
+        inherited = set().union(*(getattr(b, "__tm_abstract_vars__", set()) for b in bases))
+        provided = set(annotations) | {k for k in namespace if not k.startswith("__")}
+        abstract_vars = (inherited - provided) | (own_abstract - provided)
+        cls.__tm_abstract_vars__ = frozenset(abstract_vars)
+
+        fields = dataclasses.fields(cls)
+        cls.__tm_converters__ = tuple(
+            (f.name, f.metadata["converter"]) for f in fields if "converter" in f.metadata
+        )
+        cls.__tm_static_fields__ = tuple(f.name for f in fields if f.metadata.get("static", False))
+        cls.__tm_check_inits__ = tuple(
+            k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in k.__dict__
+        )
+        flatten, flatten_with_keys, unflatten = _make_tree_functions(cls)
+        jtu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten_func=flatten)
+        return cls
+
+    def __call__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls.__abstractmethods__ or cls.__tm_abstract_vars__:
+            _raise_abstract(cls)
+        self = cls.__new__(cls)
+        key = id(self)
+        _INITIALISING.add(key)
+        try:
+            self.__init__(*args, **kwargs)
+            _finish_init(cls, self)
+        finally:
+            _INITIALISING.discard(key)
+        for check in cls.__tm_check_inits__:
+            check(self)
+        check_module_fields(self)
+        return self
+
+
+def _raise_abstract(cls: Any) -> None:
+    parts = []
+    if cls.__tm_abstract_vars__:
+        names = ", ".join(sorted(cls.__tm_abstract_vars__))
+        parts.append(f"abstract attributes (AbstractVar) {names}")
+    if cls.__abstractmethods__:
+        parts.append(f"abstract methods {', '.join(sorted(cls.__abstractmethods__))}")
+    raise TypeError(
+        f"Can't instantiate abstract module {cls.__qualname__}: it does not provide "
+        + " and ".join(parts)
+        + ". Define them in a subclass."
+    )
+
+
+def _finish_init(cls: Any, self: Any) -> None:
+    d = self.__dict__
+    for f in dataclasses.fields(cls):
+        if f.name in d:
+            continue
+        if f.default is not dataclasses.MISSING:
+            d[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            d[f.name] = f.default_factory()
+        else:
+            raise ValueError(
+                f"{cls.__qualname__}.__init__ did not set the field '{f.name}'. Every field "
+                "must be set in __init__ (or given a default)."
+            )
+    for name, converter in cls.__tm_converters__:
+        d[name] = converter(d[name])
+    for name in cls.__tm_static_fields__:
+        if is_array(d[name]):
+            warnings.warn(
+                f"{cls.__qualname__}.{name} is a static field holding an array. Static fields "
+                "are compared by value when JAX checks tree structures, which is slow and "
+                "fragile for arrays; make it a normal field instead.",
+                stacklevel=4,
+            )
+
+
+class Module(metaclass=_ModuleMeta):
+    """Base class for models: subclasses are frozen dataclasses and JAX pytrees.
+
+    Declare fields with annotations. Array and submodule fields are the tree's leaves and
+    subtrees; `field(static=True)` fields live in the tree structure. No decorator or
+    registration is needed. After construction a module is immutable: use `tree_at` to get a
+    changed copy.
+
+    A subclass may define its own `__init__` (which sets every field with `self.name = value`);
+    otherwise the dataclass `__init__` is generated. `__check_init__(self)`, if defined, runs
+    after construction, for every class in the MRO that defines one.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> class Affine(tm.Module):
+        ...     weight: jax.Array
+        ...     bias: jax.Array
+        ...     def __call__(self, x):
+        ...         return self.weight * x + self.bias
+        >>> f = Affine(jnp.array(2.0), jnp.array(1.0))
+        >>> f(3.0)
+        Array(7., dtype=float32, weak_type=True)
+        >>> len(jax.tree_util.tree_leaves(f))
+        2
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if id(self) in _INITIALISING:
+            if name not in self.__dataclass_fields__:
+                raise AttributeError(
+                    f"{type(self).__qualname__} has no field '{name}'. Declare it in the class "
+                    f"body (for example `{name}: jax.Array`) before setting it in __init__."
+                )
+            self.__dict__[name] = value
+            return
+        raise FrozenModuleError(
+            f"Cannot set {type(self).__qualname__}.{name}: modules are immutable after "
+            f"construction. Make a changed copy with "
+            f"`treemod.tree_at(lambda m: m.{name}, module, new_value)`."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenModuleError(
+            f"Cannot delete {type(self).__qualname__}.{name}: modules are immutable. "
+            "Use `treemod.tree_at` to make a changed copy."
+        )
+
+    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+        return tree_equal(self, other)
+
+    def __hash__(self) -> int:
+        leaves_with_paths, treedef = jtu.tree_flatten_with_path(self)
+        for path, leaf in leaves_with_paths:
+            try:
+                hash(leaf)
+            except TypeError:
+                raise TypeError(
+                    f"{type(self).__qualname__} is not hashable: the leaf at "
+                    f"{type(self).__qualname__}{jtu.keystr(path)} is a "
+                    f"{type(leaf).__name__}. Only modules whose leaves are all hashable can be "
+                    "dictionary keys or set members."
+                ) from None
+        return hash((treedef, tuple(leaf for _, leaf in leaves_with_paths)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # Static values are configuration shared by copies; only the leaves are copied.
+        return jtu.tree_map(lambda leaf: copy.deepcopy(leaf, memo), self)
+
+    def __repr__(self) -> str:
+        return tree_pformat(self)
