@@ -36,10 +36,10 @@ pytest: $(VENV)/.dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests treemod
 
 docs: $(VENV)/.dev
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 serve-docs: $(VENV)/.dev
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 test: lint typecheck pytest docs
 
