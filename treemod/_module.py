@@ -23,10 +23,28 @@ _T = TypeVar("_T")
 
 # ids of the modules whose `__init__` is running; only they may set attributes.
 _INITIALISING: set[int] = set()
+_setattr = object.__setattr__
 
 
-class FrozenModuleError(AttributeError):
-    """Raised when code sets or deletes an attribute of a module after its construction."""
+class FrozenModuleError(dataclasses.FrozenInstanceError):
+    """Raised when code sets or deletes an attribute of a module after its construction.
+
+    A subclass of `dataclasses.FrozenInstanceError` (and so of `AttributeError`), the error
+    Equinox raises, so code that catches either keeps working.
+
+    Example:
+        >>> import treemod as tm
+        >>> class Box(tm.Module):
+        ...     value: int
+        >>> box = Box(1)
+        >>> try:
+        ...     box.value = 2
+        ... except tm.FrozenModuleError as e:
+        ...     print(e)
+        Cannot set Box.value: modules are immutable ... `treemod.tree_at(lambda m: m.value, ...)`.
+        >>> tm.tree_at(lambda b: b.value, box, 2)
+        Box(value=2)
+    """
 
 
 def field(
@@ -96,15 +114,20 @@ def _is_abstract_var(annotation: Any) -> bool:
 
 
 def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
-    """Generate flatten, flatten-with-keys and unflatten functions specialised to `cls`'s fields."""
+    """Generate flatten, flatten-with-keys and unflatten functions specialised to `cls`'s fields.
+
+    The generated code has no loops and no introspection. Unflattening fills the new object's
+    `__dict__` with one `update` call, in field order: this skips `__init__` and keeps attribute
+    reads as fast as on a plain dataclass (item-by-item `__dict__` assignment slows them ~2x).
+    """
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     dynamic = [f.name for f in fields if not f.metadata.get("static", False)]
     static = [f.name for f in fields if f.metadata.get("static", False)]
+    local = {n: f"_c{i}" for i, n in enumerate(dynamic)}
+    local.update({n: f"_s{i}" for i, n in enumerate(static)})
     dyn_tuple = "".join(f"o.{n}, " for n in dynamic)
     aux = "(" + "".join(f"o.{n}, " for n in static) + ")" if static else "None"
     keyed = "".join(f"(_k{i}, o.{n}), " for i, n in enumerate(dynamic))
-    set_dyn = "".join(f"d[{n!r}], " for n in dynamic)
-    set_static = "".join(f"d[{n!r}], " for n in static)
     lines = [
         "def flatten(o):",
         f"    return ({dyn_tuple}), {aux}",
@@ -112,12 +135,15 @@ def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
         f"    return ({keyed}), {aux}",
         "def unflatten(aux, children):",
         "    o = _new(_cls)",
-        "    d = o.__dict__",
     ]
     if dynamic:
-        lines.append(f"    {set_dyn} = children")
+        lines.append(f"    {''.join(local[n] + ', ' for n in dynamic)}= children")
     if static:
-        lines.append(f"    {set_static} = aux")
+        lines.append(f"    {''.join(local[n] + ', ' for n in static)}= aux")
+    if fields:
+        lines.append(
+            f"    o.__dict__.update({', '.join(f'{f.name}={local[f.name]}' for f in fields)})"
+        )
     lines.append("    return o")
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     namespace.update({f"_k{i}": jtu.GetAttrKey(n) for i, n in enumerate(dynamic)})
@@ -142,11 +168,14 @@ class _ModuleMeta(abc.ABCMeta):
         cls.__tm_custom_init__ = own_init or (inherited_custom_init and not annotations)
         cls = dataclasses.dataclass(eq=False, repr=False, init=not cls.__tm_custom_init__)(cls)
 
-        # Abstract variables: inherited ones stay abstract until a field or attribute provides them.
+        # Abstract variables stay abstract until a field, class attribute or property provides
+        # them, here or in any base (so diamonds resolve as attribute lookup does).
         inherited = set().union(*(getattr(b, "__tm_abstract_vars__", set()) for b in bases))
-        provided = set(annotations) | {k for k in namespace if not k.startswith("__")}
-        abstract_vars = (inherited - provided) | (own_abstract - provided)
-        cls.__tm_abstract_vars__ = frozenset(abstract_vars)
+        cls.__tm_abstract_vars__ = frozenset(
+            n
+            for n in inherited | own_abstract
+            if n not in cls.__dataclass_fields__ and not hasattr(cls, n)
+        )
 
         fields = dataclasses.fields(cls)
         cls.__tm_converters__ = tuple(
@@ -192,6 +221,7 @@ def _raise_abstract(cls: Any) -> None:
 
 
 def _finish_init(cls: Any, self: Any) -> None:
+    """Fill defaults, check every field is set, run converters, warn on arrays in static fields."""
     d = self.__dict__
     for f in dataclasses.fields(cls):
         if f.name in d:
@@ -213,8 +243,11 @@ def _finish_init(cls: Any, self: Any) -> None:
                 f"{cls.__qualname__}.{name} is a static field holding an array. Static fields "
                 "are compared by value when JAX checks tree structures, which is slow and "
                 "fragile for arrays; make it a normal field instead.",
-                stacklevel=4,
+                stacklevel=3,
             )
+    # A fresh (combined) dict: CPython 3.11 reads attributes from the split dict that reading
+    # `__dict__` materialised about 2x slower than from a plain dataclass.
+    _setattr(self, "__dict__", dict(d))
 
 
 class Module(metaclass=_ModuleMeta):
@@ -250,7 +283,7 @@ class Module(metaclass=_ModuleMeta):
                     f"{type(self).__qualname__} has no field '{name}'. Declare it in the class "
                     f"body (for example `{name}: jax.Array`) before setting it in __init__."
                 )
-            self.__dict__[name] = value
+            _setattr(self, name, value)
             return
         raise FrozenModuleError(
             f"Cannot set {type(self).__qualname__}.{name}: modules are immutable after "
@@ -275,9 +308,10 @@ class Module(metaclass=_ModuleMeta):
             except TypeError:
                 raise TypeError(
                     f"{type(self).__qualname__} is not hashable: the leaf at "
-                    f"{type(self).__qualname__}{jtu.keystr(path)} is a "
-                    f"{type(leaf).__name__}. Only modules whose leaves are all hashable can be "
-                    "dictionary keys or set members."
+                    f"{type(self).__qualname__}{jtu.keystr(path)} is an unhashable "
+                    f"{type(leaf).__module__}.{type(leaf).__qualname__}. Only modules whose "
+                    "leaves are all hashable can be dictionary keys or set members; to key by "
+                    "identity use `id(module)`."
                 ) from None
         return hash((treedef, tuple(leaf for _, leaf in leaves_with_paths)))
 
