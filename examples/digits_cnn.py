@@ -110,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--checkpoint", type=pathlib.Path, default=pathlib.Path("checkpoints/digits_cnn.safetensors")
-    )
+    default_checkpoint = pathlib.Path("checkpoints/digits_cnn.safetensors")
+    parser.add_argument("--checkpoint", type=pathlib.Path, default=default_checkpoint)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -177,12 +176,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     restored_accuracy = accuracy(restored, jnp.asarray(x_test), jnp.asarray(y_test))
     if restored_accuracy != test_accuracy:
         raise RuntimeError(
-            f"the restored model scores {restored_accuracy:.4f}, the trained one {test_accuracy:.4f}"
+            f"the restored model scores {restored_accuracy:.4f}, "
+            f"the trained one {test_accuracy:.4f}"
         )
 
     total = time.perf_counter() - start
     print(f"compile (trace + lower + XLA compile of the step): {compile_time:.2f} s")
-    print(f"training: {num_steps} steps in {train_time:.2f} s ({num_steps / train_time:.0f} steps/s)")
+    rate = num_steps / train_time
+    print(f"training: {num_steps} steps in {train_time:.2f} s ({rate:.0f} steps/s)")
     print(f"final training loss (running): {running:.4f}")
     print(f"checkpoint: {args.checkpoint} ({args.checkpoint.stat().st_size / 1024:.0f} KiB)")
     print(f"test accuracy of the restored checkpoint: {restored_accuracy:.4f}")

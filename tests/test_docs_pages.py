@@ -87,7 +87,7 @@ _PEER_MODULES = {
 
 @pytest.mark.parametrize(("page", "peer"), _peer_cases())
 def test_peer_blocks(page: str, peer: str) -> None:
-    """Other frameworks' code on the pages is real code: run it where that framework is installed."""
+    """Other frameworks' code on the pages is real: run it where the framework is installed."""
     module = _PEER_MODULES[peer]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed (pip install {module}) so its blocks are not run")
