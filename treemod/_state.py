@@ -2,11 +2,17 @@
 
 A `State` node holds an array inside the model. Gradients and optimisers skip it (`is_param`),
 saving and printing include it, and `stateful` runs a model and returns it with its state updated.
+
+How it works: `stateful` pushes a collector frame on a thread-local stack and runs the model;
+`update_state` records `(state node, new value)` in the innermost frame, keyed by the node's
+`id`; afterwards `stateful` rebuilds the model with those nodes replaced. A frame remembers the
+JAX trace it was opened under, so an update made under a transform that began *inside* the
+`stateful` call (whose values would leak out of that transform as tracers) is refused with an
+error that says how to restructure the code.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 import types
 from collections.abc import Callable
@@ -17,7 +23,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._filters import is_inexact_array
-from ._module import Module
+from ._module import Module, field
 
 __all__ = ["State", "is_state", "is_param", "stateful", "update_state"]
 
@@ -72,9 +78,29 @@ def is_param(element: Any) -> bool:
 is_param.is_leaf = is_state  # type: ignore[attr-defined]
 
 
+def _current_trace() -> Any:
+    """An opaque token for the JAX trace now running (`None` if this JAX cannot say)."""
+    try:
+        from jax._src import core
+
+        return core.get_opaque_trace_state(convention="treemod")
+    except Exception:  # pragma: no cover - private API moved: skip the nested-transform check
+        return None
+
+
+class _Frame:
+    """The updates recorded during one `stateful` call, and the trace it was opened under."""
+
+    __slots__ = ("updates", "trace")
+
+    def __init__(self) -> None:
+        self.updates: dict[int, tuple[State, Any]] = {}
+        self.trace = _current_trace()
+
+
 class _Collectors(threading.local):
     def __init__(self) -> None:
-        self.stack: list[dict[int, tuple[State, Any]]] = []
+        self.stack: list[_Frame] = []
 
 
 _collectors = _Collectors()
@@ -85,19 +111,29 @@ def _describe(x: Any) -> str:
     return f"{dtype}[{','.join(map(str, x.shape))}]"
 
 
+def in_stateful_call() -> bool:
+    """Whether code is running inside a `stateful` call, so that `update_state` may be used."""
+    return bool(_collectors.stack)
+
+
 def update_state(state: State, value: Any) -> None:
     """Record a new value for `state` during a `stateful` call.
 
     Called by layers from inside their `__call__`; the value must have the shape and dtype of
-    the current one.
+    the current one. Each `State` may be updated once per `stateful` call. The layer keeps
+    reading the old value (`state.value`); the new one appears in the model that `stateful`
+    returns.
 
     Arguments:
         state: a `State` node of the module being run (e.g. `self.running_mean`).
         value: its new value.
 
     Raises:
-        RuntimeError: outside `stateful` (nothing would receive the update).
+        TypeError: if `state` is not a `State` node.
         ValueError: if the shape or dtype changes.
+        RuntimeError: outside `stateful` (nothing would receive the update); under a JAX
+            transform (`jax.jit`, `jax.vmap`, `lax.scan`, ...) that started inside the
+            `stateful` call; or when the same `State` is updated twice in one call.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -110,6 +146,12 @@ def update_state(state: State, value: Any) -> None:
         >>> counter.count.value
         Array(1, dtype=int32, weak_type=True)
     """
+    if not isinstance(state, State):
+        raise TypeError(
+            f"update_state expects a State node (such as `self.running_mean`), got "
+            f"{type(state).__name__}. Keep the array in a field declared as `State` and pass "
+            "that field."
+        )
     old = state.value
     if tuple(np.shape(value)) != tuple(np.shape(old)) or np.dtype(
         jax.numpy.result_type(value)
@@ -125,21 +167,46 @@ def update_state(state: State, value: Any) -> None:
             "Run the model as `out, model = treemod.stateful(model)(x)`, or switch it to "
             "inference with `treemod.nn.inference_mode(model)`."
         )
-    _collectors.stack[-1][id(state)] = (state, value)
+    frame = _collectors.stack[-1]
+    if frame.trace is not None and _current_trace() != frame.trace:
+        raise RuntimeError(
+            "update_state was called under a JAX transform (jax.jit, filter_jit, jax.vmap, "
+            "lax.scan, jax.checkpoint, ...) that started inside the treemod.stateful call, so "
+            "the new state would leak out of that transform as a tracer. Put the transform "
+            "outside: `treemod.filter_jit(step)` where `step` calls `treemod.stateful(model)(x)`, "
+            "or `jax.vmap(treemod.stateful(model), axis_name=..., out_axes=(0, None))(x)`; "
+            "a layer that applies its own transform to stateful sublayers must carry their "
+            "updates out itself (as treemod.nn.Stack does)."
+        )
+    if id(state) in frame.updates:
+        raise RuntimeError(
+            f"update_state: this State ({_describe(jax.numpy.asarray(old))}) was already "
+            "updated during this stateful call, and the second update would silently replace "
+            "the first. Is a stateful layer (e.g. a BatchNorm) applied twice? Apply it once "
+            "(e.g. on the concatenated batch), or give each use its own layer."
+        )
+    frame.updates[id(state)] = (state, value)
 
 
 def collect_state_updates(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, dict]:
-    """Run `fn` and return its output and the state updates it made, keyed by `id` of the node."""
-    _collectors.stack.append({})
+    """Run `fn` and return its output and the state updates it made, keyed by `id` of the node.
+
+    The values are `{id(node): (node, new_value)}`. A layer that runs sublayers under its own
+    transform (a scan, say) calls this inside the transform, returns the new values as outputs,
+    and calls `update_state` on the original nodes outside it.
+    """
+    _collectors.stack.append(_Frame())
     try:
         out = fn(*args, **kwargs)
     finally:
-        updates = _collectors.stack.pop()
-    return out, updates
+        frame = _collectors.stack.pop()
+    return out, frame.updates
 
 
 def apply_state_updates(tree: Any, updates: dict[int, tuple[State, Any]]) -> Any:
     """Return `tree` with each `State` node whose id is in `updates` holding its new value."""
+    if not updates:
+        return tree
     seen: set[int] = set()
 
     def replace(node: Any) -> Any:
@@ -158,20 +225,51 @@ def apply_state_updates(tree: Any, updates: dict[int, tuple[State, Any]]) -> Any
     return new_tree
 
 
+class _Stateful(Module):
+    """What `stateful` returns: a module, so transforms trace the wrapped model's arrays."""
+
+    owner: Any
+    function: Callable[..., Any] | None = field(static=True)
+
+    # Compared and hashed by identity, like the closure it stands for, so `jax.jit` accepts it.
+    def __eq__(self, other: object) -> bool:  # type: ignore[override]
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        if self.function is None:
+            out, updates = collect_state_updates(self.owner, *args, **kwargs)
+            return out, apply_state_updates(self.owner, updates)
+        if self.owner is not None:
+            out, updates = collect_state_updates(self.function, self.owner, *args, **kwargs)
+            return out, apply_state_updates(self.owner, updates)
+        if not args:
+            raise TypeError(
+                "stateful(fn) with a plain function updates the function's first positional "
+                "argument, but none was given."
+            )
+        out, updates = collect_state_updates(self.function, *args, **kwargs)
+        return out, apply_state_updates(args[0], updates)
+
+
 def stateful(fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
     """Wrap a model (or function) so that calling it also returns the model with updated state.
 
     `stateful(model)(*args)` runs `model(*args)` and returns `(output, new_model)`, where
     `new_model` holds the values its layers recorded with `update_state` (BatchNorm running
     statistics, counters, ...). It is pure: use it inside `filter_jit` and `filter_grad` like
-    any function. With a bound method (`stateful(model.loss)`), the method's module is updated;
-    with any other function, its first positional argument is.
+    any function, and put transforms outside it (`jax.vmap(stateful(model), ...)`), not between
+    it and the layers. With a bound method (`stateful(model.loss)`), the method's module is
+    updated; with any other function, its first positional argument is.
 
     Arguments:
         fn: a `Module`, a bound method of one, or a function whose first argument is the model.
 
     Returns:
-        A function returning `(output, updated_model)`.
+        A callable returning `(output, updated_model)`. It is itself a module holding the
+        model, so `filter_jit(stateful(model))` traces the model's arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -186,22 +284,10 @@ def stateful(fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
         >>> model.total.value
         Array(6., dtype=float32)
     """
+    if isinstance(fn, Module):
+        return _Stateful(fn, None)
     if isinstance(fn, types.MethodType) and isinstance(fn.__self__, Module):
-        owner: Any = fn.__self__
-    elif isinstance(fn, Module):
-        owner = fn
-    else:
-        owner = None
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        if owner is None and not args:
-            raise TypeError(
-                "stateful(fn) with a plain function updates the function's first positional "
-                "argument, but none was given."
-            )
-        out, updates = collect_state_updates(fn, *args, **kwargs)
-        tree = owner if owner is not None else args[0]
-        return out, apply_state_updates(tree, updates)
-
-    return wrapper
+        return _Stateful(fn.__self__, fn.__func__)
+    if not callable(fn):
+        raise TypeError(f"stateful expects a model or a function, got {type(fn).__name__}.")
+    return _Stateful(None, fn)

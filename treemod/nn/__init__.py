@@ -7,8 +7,12 @@ name in `__all__`.
 # Layers, initialisers, containers, Stack.
 
 # BatchNorm and inference mode.
+from ._batch_norm import BatchNorm
+from ._inference import inference_mode
 
 __all__: list[str] = [
     # Layers, initialisers, containers, Stack.
     # BatchNorm and inference mode.
+    "BatchNorm",
+    "inference_mode",
 ]

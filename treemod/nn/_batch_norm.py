@@ -1,0 +1,243 @@
+"""`BatchNorm`: batch normalisation with its running statistics kept in the model tree."""
+
+import math
+import warnings
+from collections.abc import Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float
+
+from .._module import Module, field
+from .._state import State, in_stateful_call, update_state
+
+__all__ = ["BatchNorm"]
+
+
+class BatchNorm(Module):
+    """Batch normalisation (Ioffe and Szegedy, 2015) with running statistics kept in the model.
+
+    In training mode the input is normalised with the mean and (biased) variance of the batch,
+    per channel, and the running statistics are updated with PyTorch's convention:
+
+        running_mean = (1 - momentum) * running_mean + momentum * batch_mean
+        running_var = (1 - momentum) * running_var + momentum * batch_var * n / (n - 1)
+
+    where `n` is the number of values per channel (the running variance is unbiased, as in
+    PyTorch). In inference mode the running statistics are used instead, so each example is
+    normalised on its own. The running statistics are `State` fields: they are saved and printed
+    with the model, get no gradient, and are left alone by optimisers. Training mode updates
+    them, so it runs as `out, model = treemod.stateful(model)(x)`.
+
+    Input layout (channels first), decided by `axis_name`:
+
+    - `axis_name=None` (PyTorch style): `x` is a batch `(N, C, *spatial)`, as for PyTorch's
+      `BatchNorm1d` (`(N, C)` or `(N, C, L)`), `BatchNorm2d` (`(N, C, H, W)`) and
+      `BatchNorm3d`. Statistics are over every axis except the channel axis 1.
+    - `axis_name` given (Equinox style): `x` is one example `(C, *spatial)`, and the layer runs
+      under `jax.vmap`/`filter_vmap` (or `shard_map`) with that axis name. Statistics are over
+      the spatial axes and across the named axis (or axes, if a tuple).
+
+    Arguments:
+        input_size: the number of channels `C`.
+        axis_name: `None` for batched input; otherwise the name (or tuple of names) of the
+            mapped axis that holds the batch.
+        eps: added to the variance before taking its square root.
+        channelwise_affine: whether to learn a per-channel scale `weight` (ones at first) and
+            shift `bias` (zeros at first); if `False` both are `None`.
+        momentum: PyTorch's convention (see above): the weight of the new batch statistics,
+            in `[0, 1]`. Equinox and Flax use the complementary convention (`0.99` there is
+            `0.01` here); a value above `0.5` warns, since it is most likely such a port.
+        inference: start in inference mode (use the running statistics). Switch a whole model
+            with `treemod.nn.inference_mode`.
+        dtype: the dtype of the parameters and running statistics (default float32).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> bn = tm.nn.BatchNorm(3)
+        >>> bn
+        BatchNorm(
+          weight=f32[3],
+          bias=f32[3],
+          running_mean=State(value=f32[3]),
+          running_var=State(value=f32[3]),
+          input_size=3,
+          axis_name=None,
+          eps=1e-05,
+          channelwise_affine=True,
+          momentum=0.1,
+          inference=False
+        )
+        >>> x = jax.random.normal(jax.random.key(0), (8, 3, 5, 5))   # (N, C, H, W)
+        >>> y, bn = tm.stateful(bn)(x)                                 # training mode
+        >>> y.shape, bn.running_mean.value.shape
+        ((8, 3, 5, 5), (3,))
+        >>> y_eval = tm.nn.inference_mode(bn)(x)                       # running statistics
+    """
+
+    weight: Float[Array, " channels"] | None
+    bias: Float[Array, " channels"] | None
+    running_mean: State
+    running_var: State
+    input_size: int = field(static=True)
+    axis_name: Hashable | tuple[Hashable, ...] | None = field(static=True)
+    eps: float = field(static=True)
+    channelwise_affine: bool = field(static=True)
+    momentum: float = field(static=True)
+    inference: bool = field(static=True)
+
+    def __init__(
+        self,
+        input_size: int,
+        axis_name: Hashable | tuple[Hashable, ...] | None = None,
+        eps: float = 1e-5,
+        channelwise_affine: bool = True,
+        momentum: float = 0.1,
+        inference: bool = False,
+        dtype: Any = None,
+    ) -> None:
+        if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
+            raise ValueError(
+                f"BatchNorm: input_size must be a positive int (the number of channels), got "
+                f"{input_size!r}."
+            )
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(
+                f"BatchNorm: momentum must be in [0, 1], got {momentum!r}. It is the weight of "
+                "the new batch statistics (PyTorch's convention; 0.1 is usual)."
+            )
+        if momentum > 0.5:
+            warnings.warn(
+                f"BatchNorm(momentum={momentum}): treemod uses PyTorch's convention, "
+                "running = (1 - momentum) * running + momentum * batch, so the running "
+                "statistics will mostly follow the last batch. If this value comes from "
+                "Equinox or Flax (running = momentum * running + (1 - momentum) * batch), "
+                f"pass momentum={1 - momentum:.3g}.",
+                stacklevel=3,
+            )
+        if not eps > 0:
+            raise ValueError(f"BatchNorm: eps must be positive, got {eps!r}.")
+        dtype = jnp.zeros((), dtype).dtype if dtype is not None else jnp.zeros(()).dtype
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"BatchNorm: dtype must be a floating dtype, got {dtype}.")
+        self.weight = jnp.ones(input_size, dtype) if channelwise_affine else None
+        self.bias = jnp.zeros(input_size, dtype) if channelwise_affine else None
+        self.running_mean = State(jnp.zeros(input_size, dtype))
+        self.running_var = State(jnp.ones(input_size, dtype))
+        self.input_size = input_size
+        self.axis_name = axis_name
+        self.eps = eps
+        self.channelwise_affine = channelwise_affine
+        self.momentum = momentum
+        self.inference = inference
+
+    def _layout_error(self, x: jax.Array) -> ValueError:
+        c = self.input_size
+        if self.axis_name is None:
+            hint = (
+                f"BatchNorm(input_size={c}, axis_name=None) takes a batch (N, C={c}, *spatial), "
+                f"with the channels on axis 1, but got an input of shape {tuple(x.shape)}."
+            )
+            if x.ndim >= 1 and x.shape[0] == c:
+                hint += (
+                    " This looks like one example (C, *spatial): call it on the batch "
+                    "directly, or, under jax.vmap/filter_vmap, build the layer with "
+                    "axis_name=... and give vmap the same axis_name (for a single example in "
+                    "inference mode, pass x[None])."
+                )
+            return ValueError(hint)
+        return ValueError(
+            f"BatchNorm(input_size={c}, axis_name={self.axis_name!r}) takes one example "
+            f"(C={c}, *spatial) under jax.vmap/filter_vmap with axis_name={self.axis_name!r}, "
+            f"but got an input of shape {tuple(x.shape)}. To call it on a batch "
+            "(N, C, *spatial) directly, build it with axis_name=None."
+        )
+
+    def __call__(
+        self, x: Float[Array, "..."], *, key: Any = None, inference: bool | None = None
+    ) -> Float[Array, "..."]:
+        """Normalise `x`.
+
+        Arguments:
+            x: `(N, C, *spatial)` if `axis_name` is `None`, else one example `(C, *spatial)`.
+            key: ignored (accepted so that containers can pass keys to every layer).
+            inference: override the layer's `inference` flag for this call.
+
+        Returns:
+            An array of the shape and dtype of `x`.
+        """
+        del key
+        if inference is None:
+            inference = self.inference
+        x = jnp.asarray(x)
+        channel_axis = 1 if self.axis_name is None else 0
+        if x.ndim <= channel_axis or x.shape[channel_axis] != self.input_size:
+            raise self._layout_error(x)
+        state_dtype = self.running_mean.value.dtype
+        compute = jnp.promote_types(x.dtype, state_dtype)
+        xc = x.astype(compute)
+        axes = tuple(i for i in range(x.ndim) if i != channel_axis)
+        if inference:
+            mean = self.running_mean.value.astype(compute)
+            var = self.running_var.value.astype(compute)
+        else:
+            mean, var, n = self._batch_statistics(xc, axes)
+            if not in_stateful_call():
+                raise RuntimeError(
+                    "BatchNorm is in training mode, which updates its running statistics, so "
+                    "the model must run as `out, model = treemod.stateful(model)(x)` (keep the "
+                    "returned model). To evaluate with the running statistics, switch it with "
+                    "`treemod.nn.inference_mode(model)`."
+                )
+            m = self.momentum
+            bmean = lax.stop_gradient(mean)
+            bvar = lax.stop_gradient(var) * (n / (n - 1))
+            new_mean = (1 - m) * self.running_mean.value.astype(compute) + m * bmean
+            new_var = (1 - m) * self.running_var.value.astype(compute) + m * bvar
+            update_state(self.running_mean, new_mean.astype(state_dtype))
+            update_state(self.running_var, new_var.astype(state_dtype))
+        shape = [1] * x.ndim
+        shape[channel_axis] = self.input_size
+        scale = lax.rsqrt(var + self.eps)
+        if self.weight is not None:
+            scale = scale * self.weight.astype(compute)
+        y = (xc - mean.reshape(shape)) * scale.reshape(shape)
+        if self.bias is not None:
+            y = y + self.bias.astype(compute).reshape(shape)
+        return y.astype(x.dtype)
+
+    def _batch_statistics(self, x: jax.Array, axes: tuple[int, ...]) -> tuple[Any, Any, Any]:
+        """Per-channel mean and biased variance over `axes` (and `axis_name`), and the count."""
+        local = math.prod(x.shape[i] for i in axes)
+        if self.axis_name is None:
+            n: Any = local
+            if n <= 1:
+                raise ValueError(
+                    f"BatchNorm in training mode needs more than one value per channel to "
+                    f"estimate a variance, but the input of shape {tuple(x.shape)} has {n}. "
+                    "Give it a batch of at least two examples, or use inference mode."
+                )
+            mean = jnp.mean(x, axis=axes)
+            centred = x - jnp.expand_dims(mean, axes)
+            return mean, jnp.mean(centred * centred, axis=axes), n
+        try:
+            n = lax.psum(local, self.axis_name)
+        except NameError:
+            raise NameError(
+                f"BatchNorm(axis_name={self.axis_name!r}) in training mode must run under "
+                f"jax.vmap/filter_vmap(..., axis_name={self.axis_name!r}) (or shard_map/pmap "
+                "with that axis), on one example (C, *spatial) at a time. To call it on a "
+                "batch (N, C, *spatial) directly, build it with axis_name=None."
+            ) from None
+        if isinstance(n, int) and n <= 1:
+            raise ValueError(
+                f"BatchNorm in training mode needs more than one value per channel to "
+                f"estimate a variance, but the mapped axis {self.axis_name!r} and the input of "
+                f"shape {tuple(x.shape)} give {n}. Map over a batch of at least two examples."
+            )
+        mean = lax.psum(jnp.sum(x, axis=axes), self.axis_name) / n
+        centred = x - jnp.expand_dims(mean, axes)
+        var = lax.psum(jnp.sum(centred * centred, axis=axes), self.axis_name) / n
+        return mean, var, n
