@@ -1,0 +1,405 @@
+"""`save` and `load`: checkpoints of any pytree, checked against a `like` tree on the way in.
+
+Each array leaf is stored under its key path (`jax.tree_util.keystr`, e.g. `.layers[0].weight`,
+`['opt'][0].mu`); `int`/`float`/`bool`/`complex`/`str` leaves are stored in the metadata under
+theirs. The file format lives in `_safetensors.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import IO, Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from ._filters import is_array
+from ._safetensors import DTYPES, CheckpointError, Reader, open_checkpoint, write_checkpoint
+from ._tree import tree_at
+
+__all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
+
+PathOrFile = str | os.PathLike | IO[bytes]
+
+_SIMPLE = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str"}
+_MAX_LISTED = 40
+
+
+def _encode(value: Any) -> list[Any]:
+    kind = _SIMPLE[type(value)]
+    if kind == "float":
+        return [kind, repr(value)]  # repr round-trips exactly, nan and inf included
+    if kind == "complex":
+        return [kind, [repr(value.real), repr(value.imag)]]
+    if kind == "int":
+        return [kind, str(value)]
+    return [kind, value]
+
+
+def _decode(label: str, name: str, entry: Any) -> Any:
+    try:
+        kind, raw = entry
+        if kind == "bool" and type(raw) is bool:
+            return raw
+        if kind == "str" and type(raw) is str:
+            return raw
+        if kind == "int" and type(raw) is str:
+            return int(raw)
+        if kind == "float" and type(raw) is str:
+            return float(raw)
+        if kind == "complex" and all(type(r) is str for r in raw):
+            return complex(float(raw[0]), float(raw[1]))
+    except (TypeError, ValueError, IndexError):
+        pass
+    raise CheckpointError(f"{label} is corrupted: the saved value at {name!r} is malformed.")
+
+
+def _describe_array(x: Any) -> str:
+    return f"{np.dtype(x.dtype).name}[{','.join(map(str, x.shape))}]"
+
+
+def _check_not_traced(name: str, leaf: Any, what: str) -> None:
+    if isinstance(leaf, jax.core.Tracer):
+        raise TypeError(
+            f"{what}: the leaf at {name or '(root)'} is a tracer: checkpoints are written and "
+            "read outside jit/grad/vmap. Return the values from the transformed function first."
+        )
+
+
+def save(path_or_file: PathOrFile, tree: Any) -> None:
+    """Save a pytree (a model, optimiser state, a dict of them, ...) to a checkpoint file.
+
+    Arrays are stored under their key paths (`jax.tree_util.keystr`: `.layers[0].weight`,
+    `['step']`), with dtype, shape and a SHA-256 checksum; `int`, `float`, `bool`, `complex` and
+    `str` leaves are stored too. Static fields and other leaves (functions, objects) are not:
+    they come from `like` when loading. Sharded arrays are gathered one at a time and
+    `treemod.State` values are saved like any array.
+
+    Writing to a path is atomic: the file is written to a temporary file in the same directory,
+    flushed and fsynced, then renamed over `path`, so a crash leaves either the old file or the
+    new one, never a mixture. The file is a safetensors file (readable by `safetensors.numpy`
+    and `safetensors.torch`); see the concepts page "Saving and loading".
+
+    Arguments:
+        path_or_file: a path, or a binary file opened for writing (seekable; not atomic).
+        tree: any pytree of arrays, modules and simple Python values.
+
+    Example:
+        >>> import tempfile, os, jax.numpy as jnp, treemod as tm
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+        >>> tm.save(path, {"w": jnp.ones(3), "step": 10})
+        >>> tm.load(path, like={"w": jnp.zeros(3), "step": 0})
+        {'step': 10, 'w': Array([1., 1., 1.], dtype=float32)}
+    """
+    tensors: list[tuple[str, Any]] = []
+    values: dict[str, Any] = {}
+    seen: set[str] = set()
+    for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
+        name = jtu.keystr(path)
+        if name in seen:
+            raise ValueError(
+                f"save: two leaves have the same key path {name!r} (dictionary keys that print "
+                "alike, such as 1 and '1'?). Give them distinct keys."
+            )
+        seen.add(name)
+        _check_not_traced(name, leaf, "save")
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"save: the leaf at {name or '(root)'} is a ShapeDtypeStruct, which has no "
+                "values. Save the concrete tree (abstract trees are for `like` when loading)."
+            )
+        if is_array(leaf):
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                raise ValueError(
+                    f"save: the array at {name} is sharded across processes and not fully "
+                    "addressable from this one; gather it first (or use a multi-host "
+                    "checkpointer such as Orbax)."
+                )
+            try:
+                DTYPES[np.dtype(leaf.dtype).name]
+            except KeyError:
+                raise TypeError(
+                    f"save: the array at {name} has dtype {leaf.dtype}, which checkpoints "
+                    "cannot hold (bool, integer, floating, complex and ml_dtypes arrays can)."
+                ) from None
+            tensors.append((name, leaf))
+        elif type(leaf) in _SIMPLE:
+            values[name] = _encode(leaf)
+    write_checkpoint(
+        path_or_file, tensors, {"treemod.values": json.dumps(values, ensure_ascii=False)}
+    )
+
+
+def _kind(leaf: Any) -> str:
+    if isinstance(leaf, jax.ShapeDtypeStruct) or is_array(leaf):
+        return "array"
+    return "value" if type(leaf) in _SIMPLE else "other"
+
+
+def _under(name: str, prefix: str) -> bool:
+    return not prefix or name == prefix or (name.startswith(prefix) and name[len(prefix)] in ".[")
+
+
+_TOP = re.compile(r"^(\.[^.\[]+|\[[^\]]*\])")
+
+
+def _a(x: Any) -> str:
+    name = type(x).__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _check(
+    reader: Reader, values: dict[str, Any], targets: list[tuple[str, Any]], prefix: str
+) -> list[str]:
+    """Every mismatch between the file (under `prefix`) and the `like` leaves `targets`."""
+    problems = []
+    wanted = set()
+    for name, leaf in targets:
+        wanted.add(name)
+        kind = _kind(leaf)
+        info = reader.tensors.get(name)
+        if kind == "array":
+            if info is not None:
+                bad_shape = tuple(info.shape) != tuple(leaf.shape)
+                bad_dtype = info.dtype != np.dtype(leaf.dtype)
+                if bad_shape or bad_dtype:
+                    what = " and ".join(
+                        w for w, b in (("shape", bad_shape), ("dtype", bad_dtype)) if b
+                    )
+                    problems.append(
+                        f"wrong {what}: {name} is {_describe_array(info)} in the file but "
+                        f"{_describe_array(leaf)} in like"
+                    )
+            elif name in values:
+                if not _weak_scalar_accepts(leaf, values[name]):
+                    problems.append(
+                        f"wrong type: {name} is {_a(values[name])} value in the file but an "
+                        f"array {_describe_array(leaf)} in like"
+                    )
+            else:
+                problems.append(f"missing: {name} ({_describe_array(leaf)} in like)")
+        elif kind == "value":
+            if info is not None:
+                problems.append(
+                    f"wrong type: {name} is an array {_describe_array(info)} in the file but "
+                    f"{_a(leaf)} value in like"
+                )
+            elif name not in values:
+                problems.append(f"missing: {name} ({_a(leaf)} value in like)")
+            elif type(values[name]) is not type(leaf):
+                problems.append(
+                    f"wrong type: {name} is {_a(values[name])} value in the file but "
+                    f"{_a(leaf)} value in like"
+                )
+        elif info is not None or name in values:
+            problems.append(f"wrong type: {name} is data in the file but {_a(leaf)} in like")
+    for name in sorted(set(reader.tensors) | set(values)):
+        if _under(name, prefix) and name not in wanted:
+            info = reader.tensors.get(name)
+            what = _describe_array(info) if info else f"{_a(values[name])} value"
+            problems.append(f"unexpected: {name} ({what} in the file, not in like)")
+    if targets and not any(_under(n, prefix) for n in set(reader.tensors) | set(values)):
+        tops = sorted({m.group(1) for n in reader.tensors if (m := _TOP.match(n))})
+        problems.append(
+            f"the file has nothing under prefix {prefix!r}; its top-level key paths are "
+            f"{', '.join(tops) or '(none)'}"
+        )
+    return problems
+
+
+def _weak_scalar_accepts(leaf: Any, value: Any) -> bool:
+    """Whether `like`'s leaf is a placeholder `jax.eval_shape` made of a Python number `value`."""
+    if not (isinstance(leaf, jax.ShapeDtypeStruct) and leaf.weak_type and leaf.shape == ()):
+        return False
+    kinds = {bool: np.bool_, int: np.integer, float: np.floating, complex: np.complexfloating}
+    return type(value) in kinds and np.issubdtype(leaf.dtype, kinds[type(value)])
+
+
+def _to_like(host: np.ndarray, leaf: Any) -> Any:
+    """Turn a loaded host array into the kind of array `leaf` is, on its devices."""
+    if isinstance(leaf, np.ndarray):
+        return host
+    if isinstance(leaf, np.generic):
+        return host[()]
+    sharding = getattr(leaf, "sharding", None)
+    if isinstance(sharding, jax.sharding.Sharding):
+        out = jax.device_put(host, sharding)
+    else:
+        out = jax.device_put(host)
+    if getattr(leaf, "weak_type", False):
+        from jax._src.lax.lax import _convert_element_type
+
+        out = _convert_element_type(out, weak_type=True)
+    return out
+
+
+def _key_path_of(like: Any, node: Any) -> str:
+    found = [
+        jtu.keystr(p)
+        for p, x in jtu.tree_flatten_with_path(like, is_leaf=lambda x: x is node)[0]
+        if x is node
+    ]
+    if len(found) != 1:
+        where_ = "is not a node of like" if not found else f"appears {len(found)} times in like"
+        raise ValueError(
+            f"load: the subtree that `where` selected {where_}, so its key path in the file is "
+            "unknown. Pass prefix= (its key path in the file, e.g. '.backbone')."
+        )
+    return found[0]
+
+
+def load(
+    path_or_file: PathOrFile,
+    like: Any,
+    *,
+    where: Callable[[Any], Any] | None = None,
+    prefix: str | None = None,
+    allow_foreign: bool = False,
+) -> Any:
+    """Load a checkpoint written by `save`, checked against `like`.
+
+    `like` gives the structure, shapes and dtypes to expect: a tree like the saved one, such as
+    a freshly initialised model, or an abstract one from `jax.eval_shape` (whose
+    `jax.ShapeDtypeStruct` leaves allocate nothing). Every key path, shape, dtype and simple
+    value type is checked first; all mismatches (missing, unexpected, wrong shape, dtype or type)
+    are reported in one `CheckpointError`, and nothing is returned half-loaded. Each tensor's
+    checksum is verified as it is read.
+
+    Loaded arrays take the kind and placement of `like`'s leaves: a `jax.Array` or a
+    `ShapeDtypeStruct` with a sharding gives an array with that sharding (`jax.device_put`), a
+    NumPy array gives a NumPy array. Simple values (a step counter, say) are data: they come
+    from the file, and need only match `like`'s in type. Static fields and non-data leaves
+    (functions, objects) are taken from `like`.
+
+    Arguments:
+        path_or_file: a path, or a binary file opened for reading.
+        like: the tree to fill (concrete or abstract).
+        where: load only part of `like`: a function selecting one subtree, e.g.
+            `lambda m: m.backbone`. The rest of `like` is returned unchanged, and entries of the
+            file outside that subtree are ignored.
+        prefix: the key path, in the file, of the part to load. By default the key path of the
+            `where` selection (or `""`, the whole file). Use it to load a checkpoint of the
+            backbone alone (`prefix=""`), or one saved under another name (`prefix=".encoder"`).
+        allow_foreign: accept a safetensors file not written by treemod (e.g. converted from
+            PyTorch); such files have no checksums. Their tensor names must be `like`'s key paths.
+
+    Returns:
+        A tree with `like`'s structure holding the file's data.
+
+    Raises:
+        CheckpointError: the file is damaged or not a checkpoint, or does not match `like`.
+
+    Example:
+        >>> import io, jax, jax.numpy as jnp, treemod as tm
+        >>> class Net(tm.Module):
+        ...     backbone: dict
+        ...     head: jax.Array
+        >>> buf = io.BytesIO()
+        >>> tm.save(buf, Net({"w": jnp.full(2, 5.0)}, jnp.ones(1)))
+        >>> abstract = jax.eval_shape(lambda: Net({"w": jnp.zeros(2)}, jnp.zeros(1)))
+        >>> _ = buf.seek(0)
+        >>> tm.load(buf, abstract).backbone["w"]
+        Array([5., 5.], dtype=float32)
+        >>> new = Net({"w": jnp.zeros(2)}, jnp.zeros(3))  # a new head: load only the backbone
+        >>> _ = buf.seek(0)
+        >>> tm.load(buf, new, where=lambda m: m.backbone).backbone["w"]
+        Array([5., 5.], dtype=float32)
+    """
+    if prefix is not None and prefix and prefix[0] not in ".[":
+        raise ValueError(
+            f"load: prefix={prefix!r} is not a key path; key paths look like '.backbone', "
+            '".layers[0]" or "[\'encoder\']" (jax.tree_util.keystr of the path).'
+        )
+    if where is not None:
+        selected = where(like)
+        if prefix is None:
+            prefix = _key_path_of(like, selected)
+        part = selected
+    else:
+        part = like
+    prefix = prefix or ""
+
+    leaves, treedef = jtu.tree_flatten_with_path(part)
+    targets = []
+    for path, leaf in leaves:
+        name = prefix + jtu.keystr(path)
+        _check_not_traced(name, leaf, "load")
+        targets.append((name, leaf))
+    with open_checkpoint(path_or_file, allow_foreign) as reader:
+        raw_values = reader.json_metadata("treemod.values", {})
+        values = {n: _decode(reader.label, n, e) for n, e in raw_values.items()}
+        problems = _check(reader, values, targets, prefix)
+        if problems:
+            shown = problems[:_MAX_LISTED]
+            more = len(problems) - len(shown)
+            raise CheckpointError(
+                f"{reader.label} does not match like ({type(part).__name__}): "
+                f"{len(problems)} mismatch{'es' if len(problems) != 1 else ''}\n  "
+                + "\n  ".join(shown)
+                + (f"\n  ... and {more} more" if more else "")
+                + "\nNothing was loaded. Key paths are jax.tree_util.keystr paths. To load part "
+                "of a model, pass where= (and prefix= if the file names it differently)."
+            )
+        new_leaves = []
+        for name, leaf in targets:
+            kind = _kind(leaf)
+            if kind == "array" and name in reader.tensors:
+                new_leaves.append(_to_like(reader.read(reader.tensors[name]), leaf))
+            elif kind in ("array", "value") and name in values:
+                new_leaves.append(values[name])
+            else:
+                new_leaves.append(leaf)
+    loaded = jtu.tree_unflatten(treedef, new_leaves)
+    if where is None:
+        return loaded
+    return tree_at(where, like, loaded)
+
+
+def tree_serialise_leaves(
+    path_or_file: PathOrFile, pytree: Any, filter_spec: Any = None, is_leaf: Any = None
+) -> None:
+    """Equinox's name for `save`, so that Equinox code ports by changing the import.
+
+    The file is a treemod checkpoint (safetensors), not Equinox's format. Custom
+    `filter_spec`/`is_leaf` serialisers are not supported.
+
+    Example:
+        >>> import io, jax.numpy as jnp, treemod as tm
+        >>> buf = io.BytesIO()
+        >>> tm.tree_serialise_leaves(buf, [jnp.arange(3)])
+        >>> _ = buf.seek(0)
+        >>> tm.tree_deserialise_leaves(buf, [jnp.zeros(3, jnp.int32)])
+        [Array([0, 1, 2], dtype=int32)]
+    """
+    _no_custom_spec("tree_serialise_leaves", filter_spec, is_leaf)
+    save(path_or_file, pytree)
+
+
+def tree_deserialise_leaves(
+    path_or_file: PathOrFile, like: Any, filter_spec: Any = None, is_leaf: Any = None
+) -> Any:
+    """Equinox's name for `load`: load a checkpoint into the structure of `like`.
+
+    Example:
+        >>> import io, jax.numpy as jnp, treemod as tm
+        >>> buf = io.BytesIO()
+        >>> tm.tree_serialise_leaves(buf, {"b": jnp.ones(2)})
+        >>> _ = buf.seek(0)
+        >>> tm.tree_deserialise_leaves(buf, {"b": jnp.zeros(2)})
+        {'b': Array([1., 1.], dtype=float32)}
+    """
+    _no_custom_spec("tree_deserialise_leaves", filter_spec, is_leaf)
+    return load(path_or_file, like)
+
+
+def _no_custom_spec(fn: str, filter_spec: Any, is_leaf: Any) -> None:
+    if filter_spec is not None or is_leaf is not None:
+        raise TypeError(
+            f"{fn}: custom filter_spec/is_leaf serialisers are not supported; treemod stores "
+            "arrays and simple values itself. Convert other leaves to arrays, or make them "
+            "static fields."
+        )
