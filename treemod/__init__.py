@@ -18,8 +18,17 @@ from ._state import State, is_param, is_state, stateful, update_state
 # Transforms (filter_jit and friends).
 
 # Shape checks.
+from ._shapecheck import ShapeCheckError, shapecheck
+from ._shapecheck_config import (
+    ShapeCheckerError,
+    set_shape_checks,
+    shape_checks,
+    shape_checks_enabled,
+)
 
 # Serialisation.
+from ._safetensors import CheckpointError
+from ._serialisation import load, save, tree_deserialise_leaves, tree_serialise_leaves
 
 __version__ = "0.1.0"
 
@@ -49,5 +58,16 @@ __all__ = [
     "update_state",
     # Transforms.
     # Shape checks.
+    "ShapeCheckError",
+    "ShapeCheckerError",
+    "set_shape_checks",
+    "shape_checks",
+    "shape_checks_enabled",
+    "shapecheck",
     # Serialisation.
+    "CheckpointError",
+    "load",
+    "save",
+    "tree_deserialise_leaves",
+    "tree_serialise_leaves",
 ]
