@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 
 from ._filters import is_array
 from ._pretty import tree_pformat
-from ._shapecheck_hook import check_module_fields
+from ._shapecheck_hook import check_module_fields, install_class_checks
 from ._tree import tree_equal
 
 __all__ = ["Module", "field", "AbstractVar", "FrozenModuleError"]
@@ -156,6 +156,7 @@ class _ModuleMeta(abc.ABCMeta):
     """Turns every subclass into a dataclass and a pytree; runs the construction protocol."""
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        install_class_checks(namespace, kwargs)  # shape checks: `shapecheck=`, wrap methods
         annotations = dict(namespace.get("__annotations__", {}))
         own_abstract = {k for k, v in annotations.items() if _is_abstract_var(v)}
         for k in own_abstract:

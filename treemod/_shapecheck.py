@@ -1,0 +1,331 @@
+"""Shape checks: jaxtyping annotations on module fields and calls, checked where modules are built.
+
+Fields are checked after every construction (generated or custom `__init__`, converters) and
+after `tree_at` rebuilds a module; annotated methods (notably `__call__`) and functions
+decorated with `shapecheck` have their arguments and return value checked, with dimension
+names shared between the module's fields, the arguments and the return value. Under `jax.jit`
+all of this is Python that runs while tracing, so compiled code pays nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import jaxtyping
+from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
+
+from ._shapecheck_annotations import (
+    UnresolvedAnnotation,
+    contains_jaxtyping,
+    describe_value,
+    dim_names,
+    format_annotation,
+    function_annotations,
+    is_array_annotation,
+    resolve_annotation,
+)
+from ._shapecheck_config import (
+    _OVERRIDE,
+    BACKENDS,
+    current,
+    enabled_for,
+    ensure_checker,
+)
+from ._shapecheck_hook import install_call_checker, install_field_checker, wrap_checked
+
+__all__ = ["ShapeCheckError", "shapecheck"]
+
+_T = TypeVar("_T")
+_UNION_TYPES = (typing.Union, type(int | None))
+
+
+class ShapeCheckError(jaxtyping.TypeCheckError):
+    """A value does not match its jaxtyping annotation (dtype, rank or dimension sizes).
+
+    The message names the module class and field (or the function and argument), the expected
+    annotation with the dimension sizes bound so far and what bound them, and the value found.
+    It subclasses `jaxtyping.TypeCheckError` (a `TypeError`).
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    name: str
+    annotation: Any
+    text: str
+    dims: tuple[str, ...]
+    kind: Any = None  # inspect.Parameter kind, for arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallSpec:
+    signature: inspect.Signature
+    params: tuple[_Entry, ...]
+    ret: _Entry | None
+    bind_fields: bool
+
+
+def _entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
+    return _Entry(name, annotation, format_annotation(annotation), dim_names(annotation), kind)
+
+
+def _unresolved(what: str, annotation: Any, error: Exception) -> NameError:
+    return NameError(
+        f"treemod could not resolve the annotation {annotation!r} of {what} for shape checking "
+        f"({error}). String annotations (`from __future__ import annotations`) are evaluated "
+        "in the module's global namespace: import the names they use at module level."
+    )
+
+
+# ------------------------------------------------------------------------------ analysis
+
+
+def field_spec(cls: type) -> tuple[_Entry, ...]:
+    """The fields of `cls` that carry jaxtyping annotations (computed once, cached on `cls`)."""
+    spec = cls.__dict__.get("__tm_field_spec__")
+    if spec is not None:
+        return spec
+    entries = []
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        annotation = f.type
+        if isinstance(annotation, str):
+            owner = next(
+                (k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {})), cls
+            )
+            module = sys.modules.get(owner.__module__)
+            globalns = vars(module) if module is not None else {}
+            try:
+                annotation = resolve_annotation(annotation, globalns, dict(vars(owner)))
+            except UnresolvedAnnotation as e:
+                raise _unresolved(f"field {cls.__qualname__}.{f.name}", f.type, e) from None
+        if contains_jaxtyping(annotation):
+            entries.append(_entry(f.name, annotation))
+    spec = tuple(entries)
+    type.__setattr__(cls, "__tm_field_spec__", spec)
+    return spec
+
+
+def _analyse_call(fn: Callable[..., Any]) -> _CallSpec | bool:
+    try:
+        annotations = function_annotations(fn)
+    except UnresolvedAnnotation as e:
+        raise _unresolved(f"{fn.__qualname__}", fn.__annotations__, e) from None
+    signature = inspect.signature(fn)
+    params = tuple(
+        _entry(name, annotations[name], p.kind)
+        for name, p in signature.parameters.items()
+        if contains_jaxtyping(annotations.get(name))
+    )
+    ret = _entry("return", annotations["return"]) if contains_jaxtyping(annotations.get("return")) else None
+    if not params and ret is None:
+        return False
+    first = next(iter(signature.parameters), None)
+    bind_fields = first == "self" and fn.__name__ != "__init__"
+    return _CallSpec(signature, params, ret, bind_fields)
+
+
+# ------------------------------------------------------------------------------ checking
+
+
+def _check_value(annotation: Any, value: Any, name: str, checker: str) -> str:
+    """`""` if `value` matches (binding dimensions in the current memo), else a reason."""
+    if is_array_annotation(annotation):
+        return type(annotation).__instancecheck_str__(annotation, value)  # type: ignore[attr-defined]
+    if typing.get_origin(annotation) in _UNION_TYPES:
+        reasons = []
+        for member in typing.get_args(annotation):
+            reason = _check_value(member, value, name, checker)
+            if not reason:
+                return ""
+            if reason not in reasons:
+                reasons.append(reason)
+        return "; ".join(reasons)
+    if annotation is None or annotation is type(None):
+        return "" if value is None else "the value is not None"
+    return BACKENDS[checker](name, value, annotation)
+
+
+def _bound_dims() -> dict[str, str]:
+    single, variadic, _, _ = get_shape_memo()
+    out = {k: str(v) for k, v in single.items() if not k.startswith("~~")}
+    out.update({"*" + k: str(v[1]) for k, v in variadic.items() if not k.startswith("~~")})
+    return out
+
+
+def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str]) -> str:
+    groups: list[tuple[str, list[str]]] = []
+    for name in names:
+        who = binders.get(name, "?")
+        if groups and groups[-1][0] == who:
+            groups[-1][1].append(f"{name}={bound[name]}")
+        else:
+            groups.append((who, [f"{name}={bound[name]}"]))
+    return ", ".join(f"{', '.join(items)} (bound by {who})" for who, items in groups)
+
+
+def _check(entry: _Entry, value: Any, where: str, who: str, binders: dict, checker: str) -> None:
+    before = _bound_dims()
+    reason = _check_value(entry.annotation, value, entry.name, checker)
+    after = _bound_dims()
+    if not reason:
+        for name in after.keys() - before.keys():
+            binders[name] = who
+        return
+    relevant = [n for n in entry.dims if n in after]
+    others = [n for n in after if n not in relevant]
+    message = f"{where}: expected {entry.text}"
+    if relevant:
+        message += f" with {_format_dims(relevant, after, binders)}"
+    message += f", got {describe_value(value)}"
+    message += f"\n  reason: {reason}"
+    if others:
+        message += f"\n  other dimensions bound so far: {_format_dims(others, after, binders)}"
+    raise ShapeCheckError(message)
+
+
+def _is_placeholder(value: Any) -> bool:
+    """A non-array stand-in (None, a bool of a filter spec, a ShapeDtypeStruct, a sentinel)."""
+    leaves = jax.tree_util.tree_leaves(value)
+    return not leaves or not all(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+def _check_fields_into(
+    module: Any, spec: tuple[_Entry, ...], binders: dict, checker: str, strict: bool, suffix: str
+) -> None:
+    owner = type(module).__qualname__
+    values = module.__dict__
+    for entry in spec:
+        value = values.get(entry.name)
+        if not strict and _is_placeholder(value):
+            continue
+        label = f"{owner}.{entry.name}"
+        _check(entry, value, label + suffix, label, binders, checker)
+
+
+def check_fields(module: Any, constructing: bool = True) -> None:
+    """Check `module`'s annotated fields against each other (the installed field checker)."""
+    cls = type(module)
+    spec = cls.__dict__.get("__tm_field_spec__")
+    if spec is None:
+        spec = field_spec(cls)
+    if not spec or not enabled_for(cls):
+        return
+    checker = current()[1]
+    ensure_checker(checker)
+    push_shape_memo(dict(module.__dict__))
+    try:
+        _check_fields_into(module, spec, {}, checker, constructing, "")
+    finally:
+        pop_shape_memo()
+
+
+def _items(entry: _Entry, value: Any) -> list[tuple[str, Any]]:
+    if entry.kind is inspect.Parameter.VAR_POSITIONAL:
+        return [(f"{entry.name}[{i}]", v) for i, v in enumerate(value)]
+    if entry.kind is inspect.Parameter.VAR_KEYWORD:
+        return [(f"{entry.name}[{k!r}]", v) for k, v in value.items()]
+    return [(entry.name, value)]
+
+
+def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwargs: dict) -> Any:
+    """Call `fn`, checking its annotated arguments and return value (the installed checker)."""
+    spec = state[0]
+    force = state[1]
+    if spec is None:
+        spec = state[0] = _analyse_call(fn)
+    is_module_method = (
+        spec is not False and spec.bind_fields and args and hasattr(type(args[0]), "__tm_static_fields__")
+    )
+    owner = type(args[0]) if is_module_method else None
+    if not (force or enabled_for(owner)):
+        return fn(*args, **kwargs)
+    checker = current()[1]
+    ensure_checker(checker)
+    token = _OVERRIDE.set((True, checker)) if force else None
+    try:
+        if spec is False:
+            return fn(*args, **kwargs)
+        try:
+            bound = spec.signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # let Python report the bad call
+        where = f"{owner.__qualname__}.{fn.__name__}" if owner is not None else fn.__qualname__
+        binders: dict[str, str] = {}
+        push_shape_memo(bound.arguments)
+        try:
+            if owner is not None:
+                fields = field_spec(owner)
+                if fields:
+                    suffix = f" (checked when calling {where})"
+                    _check_fields_into(args[0], fields, binders, checker, True, suffix)
+            for entry in spec.params:
+                if entry.name in bound.arguments:
+                    for label, value in _items(entry, bound.arguments[entry.name]):
+                        who = f"argument {label}"
+                        _check(entry, value, f"{where} {who}", who, binders, checker)
+            out = fn(*args, **kwargs)
+            if spec.ret is not None:
+                _check(spec.ret, out, f"{where} return value", "return value", binders, checker)
+            return out
+        finally:
+            pop_shape_memo()
+    finally:
+        if token is not None:
+            _OVERRIDE.reset(token)
+
+
+def shapecheck(obj: _T) -> _T:
+    """Always check a function's (or a Module class's) jaxtyping annotations, and turn checks on
+    for the code it runs.
+
+    On a function: its annotated arguments and return value are checked on every call (while
+    tracing, under `jax.jit`), sharing dimension names, whatever the global switch says; code it
+    calls (modules built, layers applied) runs with shape checks on. On a `treemod.Module`
+    subclass: the same as the class option `shapecheck=True`, its fields and methods are
+    always checked.
+
+    Arguments:
+        obj: a function, method or `treemod.Module` subclass.
+
+    Returns:
+        The checked function, or the class itself.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> from jaxtyping import Array, Float
+        >>> @tm.shapecheck
+        ... def outer(x: Float[Array, "m"], y: Float[Array, "n"]) -> Float[Array, "m n"]:
+        ...     return x[:, None] * y[None, :]
+        >>> outer(jnp.ones(2), jnp.ones(3)).shape
+        (2, 3)
+        >>> outer(jnp.ones((2, 2)), jnp.ones(3))
+        Traceback (most recent call last):
+        ...
+        treemod._shapecheck.ShapeCheckError: outer argument x: expected Float[Array, 'm'], got f32[2,2]
+          reason: this array has 2 dimensions, not the 1 expected by the type hint
+    """
+    if isinstance(obj, type):
+        if not hasattr(obj, "__tm_static_fields__"):
+            raise TypeError(
+                f"shapecheck decorates functions and treemod.Module subclasses, not the class "
+                f"{obj.__qualname__}. For a plain dataclass use "
+                "jaxtyping.jaxtyped(typechecker=...)."
+            )
+        type.__setattr__(obj, "__tm_shapecheck__", True)
+        return obj
+    if not callable(obj):
+        raise TypeError(f"shapecheck decorates functions and Module classes, not {obj!r}.")
+    state = getattr(obj, "__tm_shapecheck_state__", None)
+    if state is not None:
+        return wrap_checked(obj.__wrapped__, force=True)  # type: ignore[attr-defined,return-value]
+    return wrap_checked(obj, force=True)  # type: ignore[return-value]
+
+
+install_field_checker(check_fields)
+install_call_checker(run_checked_call)

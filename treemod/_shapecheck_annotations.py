@@ -1,0 +1,163 @@
+"""Reading jaxtyping annotations: which ones to check, their dimension names, how to print them.
+
+This file imports only jaxtyping and the standard library, so the bottom-layer hook can use it
+while classes are being created.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import jaxtyping
+import numpy as np
+
+_AbstractArray: Any = jaxtyping.AbstractArray
+_PyTreeMeta = type(jaxtyping.PyTree[int])
+_UNION_TYPES = (typing.Union, types.UnionType)
+# A string annotation that fails to resolve is reported (not skipped) when it looks like a
+# jaxtyping array annotation: a subscript holding a quoted dimension string.
+_LOOKS_JAXTYPED = re.compile(r"\[[^\]]*['\"]")
+
+
+class UnresolvedAnnotation(Exception):
+    """A string annotation whose names could not be found."""
+
+
+def is_array_annotation(ann: Any) -> bool:
+    """Whether `ann` is a jaxtyping array type such as `Float[Array, "n"]`."""
+    return isinstance(ann, type) and issubclass(ann, _AbstractArray) and ann is not _AbstractArray
+
+
+def contains_jaxtyping(ann: Any, _depth: int = 0) -> bool:
+    """Whether `ann` is, or contains, a jaxtyping array or `PyTree[...]` annotation."""
+    if _depth > 20 or isinstance(ann, str | typing.ForwardRef):
+        return False
+    if is_array_annotation(ann):
+        return True
+    if isinstance(ann, _PyTreeMeta) and ann is not jaxtyping.PyTree:
+        return True
+    return any(contains_jaxtyping(a, _depth + 1) for a in typing.get_args(ann))
+
+
+def dim_names(ann: Any, _depth: int = 0) -> tuple[str, ...]:
+    """The named dimensions an annotation mentions, in order (variadic ones with a `*`)."""
+    if _depth > 20:
+        return ()
+    if is_array_annotation(ann):
+        names = []
+        for dim in getattr(ann, "dims", ()):
+            name = getattr(dim, "name", None)
+            if isinstance(name, str):
+                variadic = type(dim).__name__ == "_NamedVariadicDim"
+                names.append("*" + name if variadic else name)
+        return tuple(names)
+    out: list[str] = []
+    for a in typing.get_args(ann):
+        out.extend(n for n in dim_names(a, _depth + 1) if n not in out)
+    return tuple(out)
+
+
+def _array_type_name(array_type: Any) -> str:
+    if array_type is Any:
+        return "Any"
+    if array_type is np.ndarray:
+        return "np.ndarray"
+    if array_type is jaxtyping.Array:
+        return "Array"
+    name = str(getattr(array_type, "__name__", repr(array_type)))
+    return name.rsplit(".", 1)[-1]
+
+
+def format_annotation(ann: Any, _depth: int = 0) -> str:
+    """Print an annotation the way it is written: `Float[Array, 'out in'] | None`."""
+    if _depth > 20:
+        return "..."
+    if ann is None or ann is type(None):
+        return "None"
+    if is_array_annotation(ann):
+        dtype = getattr(getattr(ann, "dtype", None), "__name__", "Shaped")
+        array_type = _array_type_name(getattr(ann, "array_type", Any))
+        return f"{dtype}[{array_type}, {getattr(ann, 'dim_str', '')!r}]"
+    origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if origin in _UNION_TYPES:
+        return " | ".join(format_annotation(a, _depth + 1) for a in args)
+    if origin is typing.Annotated:
+        return format_annotation(args[0], _depth + 1)
+    if isinstance(ann, _PyTreeMeta):
+        return getattr(ann, "__name__", "PyTree")
+    if origin is not None and args:
+        name = getattr(origin, "__name__", repr(origin))
+        inner = ", ".join("..." if a is Ellipsis else format_annotation(a, _depth + 1) for a in args)
+        return f"{name}[{inner}]"
+    if isinstance(ann, type):
+        return ann.__qualname__
+    return repr(ann)
+
+
+_DTYPE_PREFIX = {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}
+
+
+def short_dtype(dtype: Any) -> str:
+    """`float32` -> `f32`, `bfloat16` -> `bf16`, `int8` -> `i8`, `bool` -> `bool`."""
+    name = str(getattr(dtype, "name", dtype))
+    match = re.fullmatch(r"([a-z]+?)(\d+)", name)
+    if match and match.group(1) in _DTYPE_PREFIX:
+        return _DTYPE_PREFIX[match.group(1)] + match.group(2)
+    return name
+
+
+def describe_value(value: Any, _depth: int = 0) -> str:
+    """A short description of a value: `f32[3,4]`, `None`, `(f32[3], i32[])`, `int 3`."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        shape = ",".join(str(d) for d in value.shape)
+        text = f"{short_dtype(value.dtype)}[{shape}]"
+        if not isinstance(value, jaxtyping.Array):
+            text += f" ({type(value).__module__.split('.')[0]}.{type(value).__qualname__})"
+        return text
+    if value is None:
+        return "None"
+    if _depth < 3 and isinstance(value, tuple | list):
+        items = [describe_value(v, _depth + 1) for v in value[:6]]
+        if len(value) > 6:
+            items.append("...")
+        body = ", ".join(items)
+        if isinstance(value, tuple):
+            return f"({body}{',' if len(value) == 1 else ''})"
+        return f"[{body}]"
+    if _depth < 3 and isinstance(value, dict):
+        items = [f"{k!r}: {describe_value(v, _depth + 1)}" for k, v in list(value.items())[:6]]
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, bool | int | float | complex | str):
+        text = repr(value)
+        return f"{type(value).__name__} {text[:40]}"
+    return type(value).__qualname__
+
+
+def resolve_annotation(ann: Any, globalns: dict[str, Any], localns: dict[str, Any]) -> Any:
+    """Evaluate a string annotation; raise `UnresolvedAnnotation` if it looks jaxtyped and fails.
+
+    Returns `None` for an unresolvable annotation that does not look like a jaxtyping one (it is
+    then not checked).
+    """
+    if not isinstance(ann, str):
+        return ann
+    try:
+        return eval(ann, dict(globalns), dict(localns))  # noqa: S307 - annotations are code
+    except Exception as e:
+        if _LOOKS_JAXTYPED.search(ann):
+            raise UnresolvedAnnotation(f"{type(e).__name__}: {e}") from e
+        return None
+
+
+def function_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Resolve `fn`'s annotations with its module's globals (string annotations included)."""
+    raw = getattr(fn, "__annotations__", None) or {}
+    if not any(isinstance(a, str) for a in raw.values()):
+        return dict(raw)
+    globalns = getattr(fn, "__globals__", {})
+    return {k: resolve_annotation(a, globalns, {}) for k, a in raw.items()}
