@@ -18,6 +18,13 @@ from ._state import State, is_param, is_state, stateful, update_state
 # Transforms (filter_jit and friends).
 
 # Shape checks.
+from ._shapecheck import ShapeCheckError, shapecheck
+from ._shapecheck_config import (
+    ShapeCheckerError,
+    set_shape_checks,
+    shape_checks,
+    shape_checks_enabled,
+)
 
 # Serialisation.
 from ._safetensors import CheckpointError
@@ -51,6 +58,12 @@ __all__ = [
     "update_state",
     # Transforms.
     # Shape checks.
+    "ShapeCheckError",
+    "ShapeCheckerError",
+    "set_shape_checks",
+    "shape_checks",
+    "shape_checks_enabled",
+    "shapecheck",
     # Serialisation.
     "CheckpointError",
     "load",
