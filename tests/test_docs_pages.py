@@ -14,9 +14,13 @@ An HTML comment on the line before a block changes what happens to it:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import pathlib
 import re
+import sys
+import textwrap
+import types
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ import pytest
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = ["index.md", "getting-started.md", "migrating.md", "faq.md"]
 
-_FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
+_FENCE = re.compile(r"^([ \t]*)```(\S*)[^\n]*\n(.*?)^\1```\s*$", re.M | re.S)
 _MARKER = re.compile(r"<!--\s*(skip|shared|peer:\s*[\w.]+)\s*-->\s*$")
 
 
@@ -43,7 +47,8 @@ class Block:
 def _blocks(page: str) -> Iterator[Block]:
     text = (DOCS / page).read_text()
     for match in _FENCE.finditer(text):
-        if match.group(1) != "python":
+        _indent, language, body = match.groups()
+        if language != "python":
             continue
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = _MARKER.search(before)
@@ -55,21 +60,37 @@ def _blocks(page: str) -> Iterator[Block]:
             else:
                 kind = label
         line = text.count("\n", 0, match.start()) + 1
-        yield Block(page, line, kind, peer, match.group(2))
+        yield Block(page, line, kind, peer, textwrap.dedent(body))
 
 
 def _run(block: Block, namespace: dict) -> None:
-    code = compile(block.code, f"docs/{block.page}:{block.line}", "exec")
+    # dont_inherit: this file's `from __future__ import annotations` must not leak into the page.
+    code = compile(block.code, f"docs/{block.page}:{block.line}", "exec", dont_inherit=True)
     exec(code, namespace)  # noqa: S102 - the documentation's own examples
+
+
+@contextlib.contextmanager
+def _module_namespace(name: str) -> Iterator[dict]:
+    """A real, importable module to run blocks in (dataclasses and pickle look classes up)."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        yield module.__dict__
+    finally:
+        del sys.modules[name]
+
+
+def _module_name(*parts: str) -> str:
+    return "docs_" + "_".join(re.sub(r"\W", "_", p) for p in parts)
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_blocks_run(page: str) -> None:
     blocks = [b for b in _blocks(page) if b.kind in ("treemod", "shared")]
     assert blocks, f"docs/{page} has no runnable python block"
-    namespace: dict = {"__name__": f"docs_{page}"}
-    for block in blocks:
-        _run(block, namespace)
+    with _module_namespace(_module_name(page)) as namespace:
+        for block in blocks:
+            _run(block, namespace)
 
 
 def _peer_cases() -> list[tuple[str, str]]:
@@ -92,9 +113,9 @@ def test_peer_blocks(page: str, peer: str) -> None:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed (pip install {module}) so its blocks are not run")
     blocks = list(_blocks(page))
-    namespace: dict = {"__name__": f"docs_{page}_{peer}"}
     # Peers' own internals are not held to treemod's strict test settings.
     with (
+        _module_namespace(_module_name(page, peer)) as namespace,
         warnings.catch_warnings(),
         jax.numpy_dtype_promotion("standard"),
         jax.numpy_rank_promotion("allow"),
