@@ -1,0 +1,221 @@
+"""Helpers shared by the filtered transforms: leaf kinds, key-path names, output packing.
+
+Nothing here is public. The transforms split the leaves of `(fn, args, kwargs)` into arrays
+(traced) and everything else (static), and rebuild outputs that may hold non-array leaves.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+# Tracers are instances of `jax.Array` through `__instancecheck__` only, not subclasses of it,
+# so a type-keyed cache has to name them explicitly.
+_ARRAY_BASES: tuple[type, ...] = (jax.Array, np.ndarray, np.generic, jax.core.Tracer)
+
+
+class _IsArrayType(dict):
+    """type -> whether its instances are traced by the filtered transforms (filled lazily)."""
+
+    def __missing__(self, cls: type) -> bool:
+        value = issubclass(cls, _ARRAY_BASES)
+        self[cls] = value
+        return value
+
+
+IS_ARRAY_TYPE = _IsArrayType()
+
+
+def is_array_or_tracer(x: Any) -> bool:
+    """Whether `x` is an array, a NumPy scalar or a JAX tracer."""
+    return IS_ARRAY_TYPE[type(x)]
+
+
+def is_inexact_array_or_tracer(x: Any) -> bool:
+    """Whether `x` is a floating-point or complex array (or tracer of one)."""
+    return IS_ARRAY_TYPE[type(x)] and bool(np.issubdtype(x.dtype, np.inexact))
+
+
+class _Kinds(dict):
+    """Maps a tuple of leaf types to `(sig_id, mask, negated_mask)`.
+
+    `sig_id` names the tuple with array types erased, so two calls share a compiled version
+    exactly when their static leaves have the same types (1 and 1.0 are different) while NumPy
+    and JAX arrays are interchangeable.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sig_ids: dict[tuple[Any, ...], int] = {}
+
+    def __missing__(self, leaf_types: tuple[type, ...]) -> tuple[int, tuple[bool, ...], tuple]:
+        mask = tuple(IS_ARRAY_TYPE[t] for t in leaf_types)
+        sig = tuple(None if m else t for m, t in zip(mask, leaf_types, strict=True))
+        sig_id = self.sig_ids.setdefault(sig, len(self.sig_ids))
+        value = (sig_id, mask, tuple(not m for m in mask))
+        self[leaf_types] = value
+        return value
+
+
+KINDS = _Kinds()
+
+
+def merge_leaves(mask: Sequence[bool], dynamic: Iterable[Any], static: Iterable[Any]) -> list[Any]:
+    """Interleave dynamic and static leaves back into one list, following `mask`."""
+    dyn, sta = iter(dynamic), iter(static)
+    return [next(dyn) if m else next(sta) for m in mask]
+
+
+def function_name(fn: Any) -> str:
+    """A readable name for error messages and logs."""
+    if isinstance(fn, types.MethodType):
+        return getattr(fn, "__qualname__", None) or function_name(fn.__func__)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if isinstance(name, str):
+        return name.rsplit("<locals>.", 1)[-1]
+    return type(fn).__qualname__
+
+
+def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
+    """Normalise a callable into `(fn_tree, call)` once, at wrap time.
+
+    `fn_tree` is the part of the callable that is a pytree (a Module, or the module of a bound
+    method), whose arrays are traced like arguments; `None` for plain functions. `call` is the
+    function to call as `call(fn_tree, *args, **kwargs)`, or `None` to call `fn_tree` itself.
+    """
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        if jtu.treedef_is_leaf(jtu.tree_structure(owner)):
+            return None, None
+        return owner, fn.__func__
+    if jtu.treedef_is_leaf(jtu.tree_structure(fn)):
+        return None, None
+    return fn, None
+
+
+def render_path(path: Sequence[Any], fn_label: str = "self") -> str:
+    """Render a key path into `(fn_tree, args, kwargs)` as `args[0].layers[2].weight`."""
+    if not path:
+        return "(arguments)"
+    top = path[0].idx if isinstance(path[0], jtu.SequenceKey) else None
+    rest = list(path[1:])
+    if top == 0:
+        return fn_label + jtu.keystr(tuple(rest))
+    if top == 1 and not rest:
+        return "positional arguments"
+    if top == 2 and not rest:
+        return "keyword arguments"
+    if top == 1 and rest and isinstance(rest[0], jtu.SequenceKey):
+        return f"args[{rest[0].idx}]" + jtu.keystr(tuple(rest[1:]))
+    if top == 2 and rest and isinstance(rest[0], jtu.DictKey):
+        return f"kwargs[{rest[0].key!r}]" + jtu.keystr(tuple(rest[1:]))
+    return jtu.keystr(tuple(path))
+
+
+def leaf_paths(tree: Any, fn_label: str = "self") -> list[str]:
+    """Rendered key paths of every leaf of `(fn_tree, args, kwargs)` (slow; error paths only)."""
+    return [render_path(p, fn_label) for p, _ in jtu.tree_flatten_with_path(tree)[0]]
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def unhashable_error(
+    transform: str, fn: Any, tree: Any, fn_label: str = "self"
+) -> TypeError | None:
+    """Explain which static leaf or static field of `(fn_tree, args, kwargs)` is unhashable."""
+    name = function_name(fn)
+    for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
+        if not IS_ARRAY_TYPE[type(leaf)] and not _hashable(leaf):
+            where = render_path(path, fn_label)
+            return TypeError(
+                f"{transform}({name}): the argument {where} is a {type(leaf).__name__}, which is "
+                "not hashable. Non-array arguments are static: they are hashed to choose a "
+                "compiled version. Make it hashable (a tuple, a frozen dataclass), pass it as "
+                "an array, or close over it."
+            )
+    bad = _unhashable_node(tree, ())
+    if bad is not None:
+        path, node = bad
+        fields = getattr(type(node), "__tm_static_fields__", ())
+        culprits = [f for f in fields if not _hashable(getattr(node, f, None))]
+        what = (
+            f"the static field {type(node).__qualname__}.{culprits[0]}"
+            if culprits
+            else f"the tree node {type(node).__qualname__}"
+        )
+        return TypeError(
+            f"{transform}({name}): at {render_path(path, fn_label)}, {what} holds an unhashable "
+            "value. Static fields are part of the tree structure and must be hashable; use a "
+            "tuple instead of a list, or make the field a normal (non-static) field."
+        )
+    return None
+
+
+def _unhashable_node(node: Any, path: tuple) -> tuple[tuple, Any] | None:
+    leaves, treedef = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
+    if jtu.treedef_is_leaf(treedef):
+        return None
+    if not _hashable(treedef):
+        # Look deeper first: the culprit is the innermost node whose structure does not hash.
+        for child_path, child in jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[
+            0
+        ]:
+            found = _unhashable_node(child, path + tuple(child_path))
+            if found is not None:
+                return found
+        return path, node
+    return None
+
+
+class _Plan:
+    """How to rebuild an output with non-array leaves; compared and hashed by identity."""
+
+    __slots__ = ("treedef", "mask", "static")
+
+    def __init__(self, treedef: Any, mask: tuple[bool, ...], static: tuple[Any, ...]) -> None:
+        self.treedef = treedef
+        self.mask = mask
+        self.static = static
+
+
+class Packed:
+    """A traced function's output with its non-array leaves moved into the tree structure.
+
+    Its unflatten rebuilds the caller's output directly, so `jax.jit` (or `vmap`, `eval_shape`,
+    ...) hands back the user's tree with no further Python in the wrapper.
+    """
+
+    __slots__ = ("arrays", "plan")
+
+    def __init__(self, arrays: list[Any], plan: _Plan) -> None:
+        self.arrays = arrays
+        self.plan = plan
+
+
+def _packed_unflatten(plan: _Plan, children: Iterable[Any]) -> Any:
+    return plan.treedef.unflatten(merge_leaves(plan.mask, children, plan.static))
+
+
+jtu.register_pytree_node(Packed, lambda p: (p.arrays, p.plan), _packed_unflatten)
+
+
+def pack_output(out: Any) -> Any:
+    """Return `out` unchanged if all its leaves are arrays, else a `Packed` stand-in for it."""
+    leaves, treedef = jtu.tree_flatten(out)
+    mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
+    if all(mask):
+        return out
+    arrays = [x for x, m in zip(leaves, mask, strict=True) if m]
+    static = tuple(x for x, m in zip(leaves, mask, strict=True) if not m)
+    return Packed(arrays, _Plan(treedef, mask, static))

@@ -1,0 +1,345 @@
+"""`filter_jit`: `jax.jit` where arrays are traced and every other leaf is static.
+
+Per call the wrapper does as little Python as possible: one C++ flatten of
+`(fn_tree, args, kwargs)`, a cached classification of the leaf types, two `compress` passes and
+one dict lookup keyed by `(treedef, static leaf types, static leaves)`. Each key owns a `jax.jit`
+of a function that rebuilds the arguments; its output comes back through `Packed`, whose
+unflatten rebuilds non-array outputs, so nothing else runs in Python and nothing blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+import warnings
+import weakref
+from collections.abc import Callable
+from itertools import compress
+from typing import Any, Literal
+
+import jax
+import jax.tree_util as jtu
+
+from ._callable import (
+    KINDS,
+    function_name,
+    merge_leaves,
+    pack_output,
+    split_fn,
+    unhashable_error,
+)
+from ._retrace import aval_of, explain, logger
+
+__all__ = ["filter_jit"]
+
+Donate = Literal["all", "all-except-first", "warn", "warn-except-first", "none"]
+_DONATE_MODES = ("all", "all-except-first", "warn", "warn-except-first", "none")
+_UNUSED_DONATION = "Some donated buffers were not usable"
+_flatten = jtu.tree_flatten
+
+
+def _env_explain() -> bool:
+    return os.environ.get("TREEMOD_EXPLAIN_RETRACES", "").lower() in ("1", "true", "yes", "on")
+
+
+class _Traces:
+    """Compiled versions and trace bookkeeping, shared by wrappers of the same method."""
+
+    __slots__ = ("cache", "lowerable", "num_traces", "max_traces", "last_signature", "log")
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple, Callable[[list], Any]] = {}
+        self.lowerable: dict[tuple, tuple[Any, int | None]] = {}
+        self.num_traces = 0
+        self.max_traces: int | None = None
+        self.last_signature: tuple | None = None
+        self.log: list[str] = []
+
+
+# Module methods share their compiled versions across wrappers, so `filter_jit(model.step)`
+# written inside a loop does not recompile for every new model.
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple, _Traces]] = weakref.WeakKeyDictionary()
+
+
+def _traces_for(target: Any, donate: str, explain_retraces: bool | None) -> _Traces:
+    if target is None:
+        return _Traces()
+    try:
+        per_target = _SHARED.setdefault(target, {})
+    except TypeError:
+        return _Traces()
+    return per_target.setdefault((donate, explain_retraces), _Traces())
+
+
+class _JitWrapper:
+    """The callable returned by `filter_jit`."""
+
+    def __init__(self, fn: Any, donate: str, explain_retraces: bool | None) -> None:
+        self._fn = fn
+        self._fn_tree, self._call_fn = split_fn(fn)
+        self._donate = donate
+        self._explain_flag = explain_retraces
+        self._name = function_name(fn)
+        if self._call_fn is not None:
+            target: Any = self._call_fn
+        elif self._fn_tree is not None:
+            target = type(self._fn_tree)
+        else:
+            target = None
+        self._traces = _traces_for(target, donate, explain_retraces)
+        self._cache = self._traces.cache
+        if isinstance(fn, types.FunctionType | types.MethodType | functools.partial):
+            functools.update_wrapper(self, fn)
+        else:
+            self.__wrapped__ = fn
+
+    # The hot path: keep it short.
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        leaves, treedef = _flatten((self._fn_tree, args, kwargs))
+        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
+        static = tuple(compress(leaves, neg))
+        try:
+            entry = self._cache[(treedef, sig_id, static)]
+        except KeyError:
+            entry = self._new_entry(treedef, sig_id, mask, static)
+        except TypeError:
+            self._raise_unhashable(args, kwargs)
+            raise
+        return entry(list(compress(leaves, mask)))
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"filter_jit({self._name})"
+
+    @property
+    def num_traces(self) -> int:
+        """How many times the function has been traced (compiled versions made)."""
+        return self._traces.num_traces
+
+    @property
+    def retrace_explanations(self) -> list[str]:
+        """The lines the retrace explainer has logged so far."""
+        return self._traces.log
+
+    def with_max_traces(self, max_traces: int | None) -> _JitWrapper:
+        """A copy with its own compiled versions and trace count, failing past `max_traces`."""
+        new = _JitWrapper(self._fn, self._donate, self._explain_flag)
+        new._traces = _Traces()
+        new._traces.max_traces = max_traces
+        new._cache = new._traces.cache
+        return new
+
+    def _raise_unhashable(self, args: tuple, kwargs: dict) -> None:
+        error = unhashable_error("filter_jit", self._fn, (self._fn_tree, args, kwargs))
+        if error is not None:
+            raise error from None
+
+    def _n_kept(self, treedef: Any, mask: tuple[bool, ...]) -> int:
+        """How many dynamic leaves (at the front) are not donated."""
+        if self._donate in ("all", "warn"):
+            return 0
+        fn_def, args_def, _ = treedef.children()
+        n = fn_def.num_leaves
+        if args_def.num_leaves and args_def.children():
+            n += args_def.children()[0].num_leaves
+        return sum(mask[:n])
+
+    def _new_entry(
+        self, treedef: Any, sig_id: int, mask: tuple[bool, ...], static: tuple
+    ) -> Callable[[list], Any]:
+        inner = self._make_inner(treedef, mask, static)
+        if self._donate == "none":
+            jitted = jax.jit(inner)
+            entry: Callable[[list], Any] = jitted
+            self._traces.lowerable[(treedef, sig_id, static)] = (jitted, None)
+        else:
+            k = self._n_kept(treedef, mask)
+            jitted = jax.jit(lambda keep, donated: inner(keep + donated), donate_argnums=1)
+            if self._donate in ("all", "all-except-first"):
+
+                def entry(dynamic: list) -> Any:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+                        return jitted(dynamic[:k], dynamic[k:])
+            else:
+
+                def entry(dynamic: list) -> Any:
+                    return jitted(dynamic[:k], dynamic[k:])
+
+            self._traces.lowerable[(treedef, sig_id, static)] = (jitted, k)
+        self._cache[(treedef, sig_id, static)] = entry
+        return entry
+
+    def _make_inner(self, treedef: Any, mask: tuple[bool, ...], static: tuple) -> Callable:
+        fn, call = self._fn, self._call_fn
+
+        def inner(dynamic: list) -> Any:
+            self._on_trace(treedef, mask, static, dynamic)
+            fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
+            if call is not None:
+                out = call(fn_tree, *args, **kwargs)
+            elif fn_tree is not None:
+                out = fn_tree(*args, **kwargs)
+            else:
+                out = fn(*args, **kwargs)
+            return pack_output(out)
+
+        return inner
+
+    def _on_trace(self, treedef: Any, mask: tuple, static: tuple, dynamic: list) -> None:
+        traces = self._traces
+        traces.num_traces += 1
+        if traces.max_traces is not None and traces.num_traces > traces.max_traces:
+            raise RuntimeError(
+                f"{self._name} can only be traced {traces.max_traces} times, but it has now been "
+                f"traced {traces.num_traces} times. Set TREEMOD_EXPLAIN_RETRACES=1 (or "
+                "filter_jit(..., explain_retraces=True)) to log which argument changed."
+            )
+        explaining = self._explain_flag if self._explain_flag is not None else _env_explain()
+        if not explaining:
+            return
+        signature = (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
+        if traces.last_signature is not None:
+            for line in explain(traces.last_signature, signature):
+                message = f"retrace of {self._name}: {line}"
+                traces.log.append(message)
+                logger.warning(message)
+        traces.last_signature = signature
+
+    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
+        """Trace and lower for these arguments, for ahead-of-time compilation.
+
+        Returns:
+            A `Lowered` whose `.compile()` gives a callable taking arguments of the same
+            structure, array shapes and static values.
+        """
+        leaves, treedef = _flatten((self._fn_tree, args, kwargs))
+        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
+        static = tuple(compress(leaves, neg))
+        key = (treedef, sig_id, static)
+        try:
+            found = key in self._cache
+        except TypeError:
+            self._raise_unhashable(args, kwargs)
+            raise
+        if not found:
+            self._new_entry(treedef, sig_id, mask, static)
+        jitted, k = self._traces.lowerable[key]
+        dynamic = list(compress(leaves, mask))
+        parts = (dynamic,) if k is None else (dynamic[:k], dynamic[k:])
+        return Lowered(jitted.lower(*parts), self, key, k)
+
+
+class Lowered:
+    """The result of `filter_jit(f).lower(*args)`: call `.compile()`; `.as_text()` shows it."""
+
+    def __init__(self, lowered: Any, wrapper: _JitWrapper, key: tuple, k: int | None) -> None:
+        self._lowered = lowered
+        self._wrapper = wrapper
+        self._key = key
+        self._k = k
+
+    def as_text(self) -> str:
+        """The lowered program (StableHLO) as text."""
+        return str(self._lowered.as_text())
+
+    def compile(self) -> Compiled:
+        """Compile, returning a callable with the wrapped function's signature."""
+        return Compiled(self._lowered.compile(), self._wrapper, self._key, self._k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lowered, name)
+
+
+class Compiled:
+    """An ahead-of-time compiled `filter_jit` function, callable like the original."""
+
+    def __init__(self, compiled: Any, wrapper: _JitWrapper, key: tuple, k: int | None) -> None:
+        self._compiled = compiled
+        self._wrapper = wrapper
+        self._key = key
+        self._k = k
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        wrapper = self._wrapper
+        leaves, treedef = _flatten((wrapper._fn_tree, args, kwargs))
+        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
+        static = tuple(compress(leaves, neg))
+        if (treedef, sig_id, static) != self._key:
+            raise TypeError(
+                f"This compiled version of {wrapper._name} was lowered for arguments with a "
+                "different tree structure or different static (non-array) values. Call "
+                "`.lower(...)` again with these arguments, or call the filter_jit function "
+                "itself, which compiles as needed."
+            )
+        dynamic = list(compress(leaves, mask))
+        k = self._k
+        if k is None:
+            return self._compiled(dynamic)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            return self._compiled(dynamic[:k], dynamic[k:])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+def filter_jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    donate: Donate = "none",
+    explain_retraces: bool | None = None,
+) -> Any:
+    """Compile a function with `jax.jit`, tracing its arrays and treating everything else as static.
+
+    JAX and NumPy arrays anywhere in the arguments (positional or keyword, nested in modules,
+    lists, dicts) are traced. Every other leaf (Python numbers, strings, functions, ...) is
+    static: it is hashed and compared, and a new value compiles a new version. Outputs may hold
+    non-array leaves. The call returns as soon as the computation is dispatched, like `jax.jit`.
+
+    `fun` may be a function, a `Module` (its arrays are traced like an argument), a bound method
+    of a module (`filter_jit(model.loss)` traces `model`'s arrays), or a method decorated in a
+    class body.
+
+    Arguments:
+        fun: the function to compile. Omit it to use `filter_jit(donate=...)` as a decorator.
+        donate: which argument buffers XLA may reuse for outputs: `"all"`, `"all-except-first"`
+            (keep the first positional argument, and the arrays of `fun` itself), `"warn"`
+            and `"warn-except-first"` (the same, but JAX warns about buffers it could not
+            reuse) or `"none"`. Donated arrays must not be used after the call.
+        explain_retraces: log (logger `"treemod"`, level WARNING) which argument path changed,
+            and how, whenever the function is traced again. `None` reads the environment
+            variable `TREEMOD_EXPLAIN_RETRACES` (`1` turns it on).
+
+    Returns:
+        The compiled function. It has `.lower(*args, **kwargs)` for ahead-of-time compilation;
+        `treemod.debug.get_num_traces` counts its traces.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> @tm.filter_jit
+        ... def scale(x, factor, name):
+        ...     return x * factor, name.upper()
+        >>> scale(jnp.ones(2), 3.0, "double")
+        (Array([3., 3.], dtype=float32), 'DOUBLE')
+        >>> scale(jnp.zeros(2), 3.0, "double")[0]
+        Array([0., 0.], dtype=float32)
+        >>> tm.debug.get_num_traces(scale)
+        1
+    """
+    if donate not in _DONATE_MODES:
+        raise ValueError(f"filter_jit: donate must be one of {_DONATE_MODES}; got {donate!r}.")
+    if fun is None:
+        return lambda f: filter_jit(f, donate=donate, explain_retraces=explain_retraces)
+    if not callable(fun):
+        raise TypeError(
+            f"filter_jit expects a callable (function, Module or bound method); got "
+            f"{type(fun).__name__}. As a decorator with options, write "
+            "`@filter_jit(donate=...)`."
+        )
+    return _JitWrapper(fun, donate, explain_retraces)

@@ -1,0 +1,187 @@
+"""The retrace explainer: say which argument path changed, and how, when a function retraces.
+
+Used by `filter_jit` at trace time only (never per call). A trace signature is
+`(treedef, mask, static, avals)` of the flattened `(fn_tree, args, kwargs)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from ._callable import render_path
+
+logger = logging.getLogger("treemod")
+
+_SHORT = {
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float32": "f32",
+    "float64": "f64",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
+    "bool": "bool",
+    "complex64": "c64",
+    "complex128": "c128",
+}
+
+Signature = tuple[Any, tuple[bool, ...], tuple[Any, ...], tuple[Any, ...]]
+
+
+def aval_of(x: Any) -> tuple[tuple[int, ...], Any, bool]:
+    """`(shape, dtype, weak_type)` of an array or tracer."""
+    aval = getattr(x, "aval", None)
+    if aval is None:
+        aval = jax.typeof(x)
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
+
+
+def describe_aval(aval: tuple[tuple[int, ...], Any, bool]) -> str:
+    shape, dtype, weak = aval
+    name = np.dtype(dtype).name if not hasattr(dtype, "name") else dtype.name
+    text = f"{_SHORT.get(name, name)}[{','.join(map(str, shape))}]"
+    return text + " (weak type)" if weak else text
+
+
+def _describe_static(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"static value {text}"
+
+
+def _leaf_descriptions(mask: Sequence[bool], static: Sequence[Any], avals: Sequence[Any]) -> list:
+    it_s, it_a = iter(static), iter(avals)
+    return [("array", next(it_a)) if m else ("static", next(it_s)) for m in mask]
+
+
+def _paths(treedef: Any, fn_label: str) -> list[str]:
+    try:
+        tree = treedef.unflatten([_Hole()] * treedef.num_leaves)
+        return [render_path(p, fn_label) for p, _ in jtu.tree_flatten_with_path(tree)[0]]
+    except Exception:  # a custom node that rejects placeholders: fall back to leaf numbers
+        return [f"leaf {i}" for i in range(treedef.num_leaves)]
+
+
+class _Hole:
+    __slots__ = ()
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _leaf_change(old: tuple[str, Any], new: tuple[str, Any]) -> str | None:
+    if old[0] == "array" and new[0] == "array":
+        if old[1] == new[1]:
+            return None
+        return f"{describe_aval(old[1])} -> {describe_aval(new[1])}"
+    if old[0] == "static" and new[0] == "static":
+        if _same_static(old[1], new[1]):
+            return None
+        text = f"{_describe_static(old[1])} -> {repr(new[1])[:60]}"
+        if type(old[1]) is not type(new[1]):
+            text += f" (type {type(old[1]).__name__} -> {type(new[1]).__name__})"
+        return text
+    left = describe_aval(old[1]) if old[0] == "array" else _describe_static(old[1])
+    right = describe_aval(new[1]) if new[0] == "array" else _describe_static(new[1])
+    return f"{left} -> {right}"
+
+
+def _children_with_keys(treedef: Any) -> list[tuple[Any, Any]]:
+    """One level of `treedef`: `(key, child_treedef)` pairs."""
+    children = treedef.children()
+    try:
+        obj = treedef.unflatten([_Hole()] * treedef.num_leaves)
+        keyed = jtu.tree_flatten_with_path(obj, is_leaf=lambda x: x is not obj)[0]
+        keys = [p[0] for p, _ in keyed]
+    except Exception:
+        keys = [jtu.SequenceKey(i) for i in range(len(children))]
+    if len(keys) != len(children):
+        keys = [jtu.SequenceKey(i) for i in range(len(children))]
+    return list(zip(keys, children, strict=True))
+
+
+def _node_name(treedef: Any) -> str:
+    data = treedef.node_data()
+    if data is None:
+        return "a leaf"
+    return data[0].__qualname__
+
+
+def _structure_diff(a: Any, b: Any, path: tuple, fn_label: str, out: list[str]) -> None:
+    if a == b:
+        return
+    where = render_path(path, fn_label)
+    da, db = a.node_data(), b.node_data()
+    if da is None or db is None or da[0] is not db[0]:
+        out.append(f"{where}: {_node_name(a)} -> {_node_name(b)}")
+        return
+    cls, aux_a, aux_b = da[0], da[1], db[1]
+    if not _aux_equal(aux_a, aux_b):
+        fields = getattr(cls, "__tm_static_fields__", None)
+        if fields and isinstance(aux_a, tuple) and isinstance(aux_b, tuple):
+            for name, x, y in zip(fields, aux_a, aux_b, strict=False):
+                if not _same_static(x, y):
+                    out.append(
+                        f"{where}.{name}: static field {cls.__qualname__}.{name} "
+                        f"{repr(x)[:60]} -> {repr(y)[:60]}"
+                    )
+            return
+        if cls is dict:
+            out.append(f"{where}: dict keys {list(aux_a)} -> {list(aux_b)}")
+            return
+        out.append(f"{where}: {cls.__qualname__} node data {aux_a!r} -> {aux_b!r}")
+        return
+    ca, cb = _children_with_keys(a), _children_with_keys(b)
+    if len(ca) != len(cb):
+        out.append(f"{where}: {cls.__qualname__} of length {len(ca)} -> {len(cb)}")
+        return
+    for (key, x), (_, y) in zip(ca, cb, strict=True):
+        _structure_diff(x, y, path + (key,), fn_label, out)
+
+
+def _aux_equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def explain(old: Signature, new: Signature, fn_label: str = "self") -> list[str]:
+    """Lines saying how the arguments of a retrace differ from those of the previous trace."""
+    t0, m0, s0, a0 = old
+    t1, m1, s1, a1 = new
+    if t0 != t1:
+        lines: list[str] = []
+        _structure_diff(t0, t1, (), fn_label, lines)
+        lines = ["tree structure changed: " + line for line in lines]
+        return lines or ["tree structure changed"]
+    paths = _paths(t1, fn_label)
+    before = _leaf_descriptions(m0, s0, a0)
+    after = _leaf_descriptions(m1, s1, a1)
+    lines = []
+    for path, x, y in zip(paths, before, after, strict=True):
+        change = _leaf_change(x, y)
+        if change is not None:
+            lines.append(f"{path}: {change}")
+    return lines or [
+        "no argument changed (JAX dropped its cache, e.g. after jax.clear_caches() or a change "
+        "of jax.config)"
+    ]

@@ -1,0 +1,234 @@
+"""`filter_vmap` and `if_array`: `jax.vmap` over the arrays of arbitrary pytrees."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves, render_path
+
+__all__ = ["filter_vmap", "if_array"]
+
+
+class if_array:  # noqa: N801 (Equinox's name)
+    """An axis spec for `filter_vmap`: `axis` for arrays, `None` (broadcast) for anything else.
+
+    Arguments:
+        axis: the axis to map over for array leaves.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> spec = tm.if_array(0)
+        >>> spec(jnp.zeros(3)), spec("relu")
+        (0, None)
+    """
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+
+    def __call__(self, x: Any) -> int | None:
+        return self.axis if IS_ARRAY_TYPE[type(x)] else None
+
+    def __repr__(self) -> str:
+        return f"if_array({self.axis})"
+
+
+def _is_spec(x: Any) -> bool:
+    return x is None or isinstance(x, int) or (callable(x) and not isinstance(x, list | tuple))
+
+
+def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> list[int | None]:
+    """One axis (or None) per leaf of `tree`, from a prefix `spec` of it."""
+    axes: list[int | None] = []
+    if _is_spec(spec):
+        pairs = [(spec, tree, ())]
+    else:
+        try:
+            pairs = []
+            jtu.tree_map_with_path(
+                lambda p, s, sub: pairs.append((s, sub, p)), spec, tree, is_leaf=_is_spec
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"filter_vmap({name}): {what} must be a pytree prefix of the "
+                f"{'arguments' if what == 'in_axes' else 'output'}: {e}"
+            ) from None
+    def where(path: tuple) -> str:
+        if what == "out_axes":
+            return "the output" + jtu.keystr(path)
+        return render_path(root + path)
+
+    for s, sub, prefix in pairs:
+        for path, leaf in jtu.tree_flatten_with_path(sub)[0]:
+            axis = s(leaf) if callable(s) and not isinstance(s, int) else s
+            if axis is not None and not isinstance(axis, int):
+                raise TypeError(
+                    f"filter_vmap({name}): {what} gave {axis!r} for "
+                    f"{where(tuple(prefix) + tuple(path))}; axes are ints or None."
+                )
+            if axis is not None and not IS_ARRAY_TYPE[type(leaf)]:
+                if what == "out_axes":
+                    axis = None  # non-array outputs are returned unbatched
+                else:
+                    raise ValueError(
+                        f"filter_vmap({name}): in_axes maps axis {axis} of "
+                        f"{where(tuple(prefix) + tuple(path))}, which is a "
+                        f"{type(leaf).__name__}, not an array. Only arrays can be batched: give "
+                        "it None (or use tm.if_array(0))."
+                    )
+            axes.append(axis)
+    return axes
+
+
+class _VmapWrapper:
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        in_axes: Any,
+        out_axes: Any,
+        axis_name: Hashable | None,
+        axis_size: int | None,
+    ) -> None:
+        self._fun = fun
+        self._in_axes = in_axes
+        self._out_axes = out_axes
+        self._axis_name = axis_name
+        self._axis_size = axis_size
+        self._name = function_name(fun)
+        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
+            functools.update_wrapper(self, fun)
+        else:
+            self.__wrapped__ = fun
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        name, in_axes = self._name, self._in_axes
+        if _is_spec(in_axes):
+            axes = _expand_axes(in_axes, args, "in_axes", name, (jtu.SequenceKey(1),))
+            axes += _expand_axes(in_axes, kwargs, "in_axes", name, (jtu.SequenceKey(2),))
+        else:
+            if not isinstance(in_axes, tuple):
+                raise TypeError(
+                    f"filter_vmap({name}): in_axes must be an int, None, a callable such as "
+                    f"tm.if_array(0), or a tuple with one entry per positional argument; got "
+                    f"{type(in_axes).__name__}."
+                )
+            if len(in_axes) != len(args):
+                raise ValueError(
+                    f"filter_vmap({name}): in_axes has {len(in_axes)} entries but the function "
+                    f"was called with {len(args)} positional arguments."
+                )
+            axes = _expand_axes(in_axes, args, "in_axes", name, (jtu.SequenceKey(1),))
+            axes += _expand_axes(if_array(0), kwargs, "in_axes", name, (jtu.SequenceKey(2),))
+        leaves, treedef = jtu.tree_flatten((args, kwargs))
+        mask = tuple(a is not None for a in axes)
+        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
+        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        dyn_axes = [a for a in axes if a is not None]
+        if not dynamic and self._axis_size is None:
+            raise ValueError(
+                f"filter_vmap({name}): no argument is batched (no array leaf has an integer "
+                "in_axes). Pass axis_size=... to map a function of no batched inputs (for "
+                "example to build an ensemble), or check in_axes."
+            )
+        plan: dict[str, Any] = {}
+        fun, out_axes = self._fun, self._out_axes
+
+        def inner(dyn: list) -> tuple[list, list]:
+            call_args, call_kwargs = treedef.unflatten(merge_leaves(mask, dyn, static))
+            out = fun(*call_args, **call_kwargs)
+            out_leaves, out_def = jtu.tree_flatten(out)
+            out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
+            kinds = tuple(
+                "static" if not IS_ARRAY_TYPE[type(x)] else ("mapped" if a is not None else "bcast")
+                for x, a in zip(out_leaves, out_ax, strict=True)
+            )
+            plan.update(treedef=out_def, kinds=kinds, axes=out_ax)
+            plan["static"] = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "static"]
+            mapped = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "mapped"]
+            bcast = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "bcast"]
+            return mapped, bcast
+
+        vmapped = jax.vmap(
+            inner,
+            in_axes=(dyn_axes,),
+            out_axes=(0, None),
+            axis_name=self._axis_name,
+            axis_size=self._axis_size,
+        )
+        mapped, bcast = vmapped(dynamic)
+        it_m, it_b, it_s = iter(mapped), iter(bcast), iter(plan["static"])
+        out_leaves = []
+        for kind, axis in zip(plan["kinds"], plan["axes"], strict=True):
+            if kind == "mapped":
+                x = next(it_m)
+                out_leaves.append(x if axis == 0 else jnp.moveaxis(x, 0, axis))
+            elif kind == "bcast":
+                out_leaves.append(next(it_b))
+            else:
+                out_leaves.append(next(it_s))
+        return plan["treedef"].unflatten(out_leaves)
+
+
+def filter_vmap(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_axes: Any = if_array(0),
+    out_axes: Any = if_array(0),
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+) -> Any:
+    """Vectorise a function over the arrays of arbitrary pytrees, like `jax.vmap`.
+
+    By default every array argument is mapped over its axis 0 and everything else (Python
+    values, functions, strings) is broadcast; array outputs are stacked on axis 0 and
+    non-array outputs are returned as they are. A `Module` may be the function (its arrays are
+    broadcast). Mapping a model constructor over keys builds an ensemble.
+
+    Arguments:
+        fun: the function; omit it to use `filter_vmap(in_axes=...)` as a decorator.
+        in_axes: an int, `None`, a callable of a leaf (such as `tm.if_array(1)`) for all
+            arguments, or a tuple with one pytree prefix per positional argument, whose leaves
+            are such specs. Keyword arguments use `if_array(0)`.
+        out_axes: the same for the output (a pytree prefix of it).
+        axis_name: a name for the mapped axis, for collectives such as `jax.lax.psum`.
+        axis_size: the batch size, needed when no argument is mapped.
+
+    Returns:
+        The vectorised function.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> class Linear(tm.Module):
+        ...     w: jax.Array
+        ...     act: object
+        >>> def make(key):
+        ...     return Linear(jax.random.normal(key, (3,)), jnp.tanh)
+        >>> ensemble = tm.filter_vmap(make)(jax.random.split(jax.random.key(0), 4))
+        >>> ensemble.w.shape, ensemble.act is jnp.tanh
+        ((4, 3), True)
+        >>> run = tm.filter_vmap(lambda m, x: m.act(m.w @ x), in_axes=(tm.if_array(0), None))
+        >>> run(ensemble, jnp.ones(3)).shape
+        (4,)
+    """
+    if fun is None:
+        return functools.partial(
+            filter_vmap,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            axis_name=axis_name,
+            axis_size=axis_size,
+        )
+    if not callable(fun):
+        raise TypeError(f"filter_vmap expects a callable; got {type(fun).__name__}.")
+    return _VmapWrapper(fun, in_axes, out_axes, axis_name, axis_size)
