@@ -1,4 +1,4 @@
-"""Every example's `--quick` mode runs end to end, in a fresh interpreter, under strict JAX settings."""
+"""Every example's `--quick` mode runs end to end in a fresh interpreter under strict settings."""
 
 from __future__ import annotations
 
