@@ -21,7 +21,9 @@ __all__ = [
     "combine",
 ]
 
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+# Tracers are `jax.Array` instances only through `__instancecheck__` (not subclasses), so the
+# type cache below must name `Tracer` itself or every leaf inside `jit`/`vmap`/`grad` misses.
+_ARRAY_TYPES = (jax.Array, jax.core.Tracer, np.ndarray, np.generic)
 
 
 class _TypeIsArray(dict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
+import importlib
 import re
 import warnings
 from collections.abc import Callable
@@ -320,5 +321,53 @@ class Module(metaclass=_ModuleMeta):
         # Static values are configuration shared by copies; only the leaves are copied.
         return jtu.tree_map(lambda leaf: copy.deepcopy(leaf, memo), self)
 
+    def __copy__(self) -> Any:
+        return _rebuild(type(self), self.__dict__)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Field values that JAX wraps (`jax.nn.relu`, `jnp.tanh`) do not pickle by themselves;
+        # they are pickled by name instead. Unpickling never calls `__init__`.
+        return _rebuild, (type(self), {k: _by_name(v) for k, v in self.__dict__.items()})
+
     def __repr__(self) -> str:
         return tree_pformat(self)
+
+
+def _rebuild(cls: type, fields: dict[str, Any]) -> Any:
+    """Make an instance of `cls` with these field values, without calling `__init__`."""
+    module: Any = object.__new__(cls)
+    _setattr(module, "__dict__", dict(fields))
+    return module
+
+
+class _ByName:
+    """Pickles as a reference to the module-level object `module.qualname`."""
+
+    __slots__ = ("module", "qualname")
+
+    def __init__(self, module: str, qualname: str) -> None:
+        self.module, self.qualname = module, qualname
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _load_by_name, (self.module, self.qualname)
+
+
+def _load_by_name(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _by_name(value: Any) -> Any:
+    """`value`, or a `_ByName` for it when it is a callable found at its module and qualname."""
+    if isinstance(value, type | Module) or not callable(value):
+        return value
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return value
+    try:
+        found = _load_by_name(module, qualname)
+    except Exception:
+        return value
+    return _ByName(module, qualname) if found is value else value
