@@ -16,6 +16,14 @@ from ._module import AbstractVar, FrozenModuleError, Module, field
 from ._state import State, is_param, is_state, stateful, update_state
 
 # Transforms (filter_jit and friends).
+from . import debug
+from ._ad import filter_grad, filter_value_and_grad
+from ._checkpoint import filter_checkpoint
+from ._compile_cache import enable_compile_cache
+from ._eval_shape import filter_eval_shape
+from ._jit import filter_jit
+from ._sharding import filter_shard
+from ._vmap import filter_vmap, if_array
 
 # Shape checks.
 from ._shapecheck import ShapeCheckError, shapecheck
@@ -57,6 +65,15 @@ __all__ = [
     "stateful",
     "update_state",
     # Transforms.
+    "enable_compile_cache",
+    "filter_checkpoint",
+    "filter_eval_shape",
+    "filter_grad",
+    "filter_jit",
+    "filter_shard",
+    "filter_value_and_grad",
+    "filter_vmap",
+    "if_array",
     # Shape checks.
     "ShapeCheckError",
     "ShapeCheckerError",
