@@ -5,6 +5,28 @@ name in `__all__`.
 """
 
 # Layers, initialisers, containers, Stack.
+from . import init
+from ._conv import Conv, Conv1d, Conv2d, Conv3d
+from ._conv_transpose import ConvTranspose, ConvTranspose1d, ConvTranspose2d
+from ._dropout import Dropout
+from ._embedding import Embedding
+from ._keys import KeySeq, split_like
+from ._linear import Identity, Linear
+from ._mlp import MLP
+from ._normalisation import GroupNorm, LayerNorm, RMSNorm
+from ._pool import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AvgPool,
+    AvgPool1d,
+    AvgPool2d,
+    MaxPool,
+    MaxPool1d,
+    MaxPool2d,
+)
+from ._sequential import Lambda, Sequential
+
+# isort: split
 
 # BatchNorm and inference mode.
 from ._batch_norm import BatchNorm
@@ -12,6 +34,34 @@ from ._inference import inference_mode
 
 __all__: list[str] = [
     # Layers, initialisers, containers, Stack.
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AvgPool",
+    "AvgPool1d",
+    "AvgPool2d",
+    "Conv",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+    "ConvTranspose",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "Dropout",
+    "Embedding",
+    "GroupNorm",
+    "Identity",
+    "KeySeq",
+    "Lambda",
+    "LayerNorm",
+    "Linear",
+    "MLP",
+    "MaxPool",
+    "MaxPool1d",
+    "MaxPool2d",
+    "RMSNorm",
+    "Sequential",
+    "init",
+    "split_like",
     # BatchNorm and inference mode.
     "BatchNorm",
     "inference_mode",

@@ -1,0 +1,384 @@
+"""Convolutions: `Conv`, `Conv1d`, `Conv2d`, `Conv3d`, and helpers shared with `ConvTranspose`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+from . import init as _init
+from ._batching import Core, batch_apply
+from ._utils import as_tuple, default_dtype, require_key
+
+__all__ = [
+    "Conv",
+    "Conv1d",
+    "Conv2d",
+    "Conv3d",
+]
+
+_PADDING_MODES = {"ZEROS": None, "REFLECT": "reflect", "REPLICATE": "edge", "CIRCULAR": "wrap"}
+
+
+def _padding(owner: str, padding: Any, n: int) -> str | tuple[tuple[int, int], ...]:
+    if isinstance(padding, str):
+        p = padding.upper()
+        if p not in ("SAME", "SAME_LOWER", "VALID"):
+            raise ValueError(
+                f"{owner}: string `padding` must be 'SAME', 'SAME_LOWER' or 'VALID'; "
+                f"got {padding!r}."
+            )
+        return p
+    if isinstance(padding, int):
+        return ((padding, padding),) * n
+    padding = tuple(padding)
+    if len(padding) != n:
+        raise ValueError(
+            f"{owner}: `padding` must be an int, a string, or a sequence of {n} ints or (low, "
+            f"high) pairs; got {padding}."
+        )
+    out = []
+    for p in padding:
+        if isinstance(p, int):
+            out.append((p, p))
+        else:
+            lo, hi = p
+            out.append((int(lo), int(hi)))
+    return tuple(out)
+
+
+def _init_params(
+    owner: str,
+    weight_shape: tuple[int, ...],
+    fan_in: int,
+    out_channels: int,
+    use_bias: bool,
+    dtype: Any,
+    weight_init: Any,
+    bias_init: Any,
+    key: Any,
+) -> tuple[Array, Array | None]:
+    require_key(owner, key)
+    dtype = default_dtype(dtype)
+    wkey, bkey = jax.random.split(key, 2)
+    if weight_init is None:
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        weight_init = _init.uniform(-bound, bound)
+    weight = weight_init(wkey, weight_shape, dtype)
+    bias = None
+    if use_bias:
+        if bias_init is None:
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            bias_init = _init.uniform(-bound, bound)
+        bias = bias_init(bkey, (out_channels,), dtype)
+    return weight, bias
+
+
+def _dimension_numbers(n: int) -> lax.ConvDimensionNumbers:
+    spec = tuple(range(n + 2))
+    return lax.ConvDimensionNumbers(spec, spec, spec)
+
+
+class Conv(Module):
+    """An N-d convolution over channels-first input `(*batch, in_channels, *spatial)`.
+
+    Matches PyTorch's `nn.ConvNd` (cross-correlation; weight `(out, in/groups, *kernel)`;
+    default init U(±1/sqrt(fan_in)) for weight and bias). The key is split once into two
+    (weight, bias). All leading batch dimensions go through one batched convolution.
+
+    Arguments:
+        num_spatial_dims: number of spatial dimensions.
+        in_channels: input channels.
+        out_channels: output channels.
+        kernel_size: an int or one int per spatial dimension.
+        stride: an int or one per spatial dimension.
+        padding: an int, one int or `(low, high)` pair per spatial dimension, `"SAME"`,
+            `"SAME_LOWER"` or `"VALID"`.
+        dilation: an int or one per spatial dimension.
+        groups: number of channel groups (divides both channel counts).
+        use_bias: whether to add a bias.
+        padding_mode: `"ZEROS"`, `"REFLECT"`, `"REPLICATE"` or `"CIRCULAR"`.
+        dtype: parameter dtype.
+        weight_init: weight initialiser (default PyTorch's).
+        bias_init: bias initialiser (default PyTorch's).
+        key: the PRNG key.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> conv = nn.Conv(1, 2, 4, kernel_size=3, padding="SAME", key=jax.random.key(0))
+        >>> conv(jnp.ones((2, 16))).shape
+        (4, 16)
+    """
+
+    weight: Float[Array, "out in_per_group *kernel"]
+    bias: Float[Array, " out"] | None
+    num_spatial_dims: int = field(static=True)
+    in_channels: int = field(static=True)
+    out_channels: int = field(static=True)
+    kernel_size: tuple[int, ...] = field(static=True)
+    stride: tuple[int, ...] = field(static=True)
+    padding: str | tuple[tuple[int, int], ...] = field(static=True)
+    dilation: tuple[int, ...] = field(static=True)
+    groups: int = field(static=True)
+    use_bias: bool = field(static=True)
+    padding_mode: str = field(static=True)
+
+    def __init__(
+        self,
+        num_spatial_dims: int,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        name = type(self).__name__
+        n = num_spatial_dims
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"{name}: `groups`={groups} must divide in_channels={in_channels} and "
+                f"out_channels={out_channels}."
+            )
+        if padding_mode.upper() not in _PADDING_MODES:
+            raise ValueError(
+                f"{name}: `padding_mode` must be one of {sorted(_PADDING_MODES)}; got "
+                f"{padding_mode!r}."
+            )
+        self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
+        self.stride = as_tuple(name, "stride", stride, n)
+        self.dilation = as_tuple(name, "dilation", dilation, n)
+        self.padding = _padding(name, padding, n)
+        shape = (out_channels, in_channels // groups, *self.kernel_size)
+        fan_in = in_channels // groups * math.prod(self.kernel_size)
+        self.weight, self.bias = _init_params(
+            name, shape, fan_in, out_channels, use_bias, dtype, weight_init, bias_init, key
+        )
+        self.num_spatial_dims = n
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.groups = groups
+        self.use_bias = use_bias
+        self.padding_mode = padding_mode.upper()
+
+    def _core(self) -> tuple[tuple[str, int | None], ...]:
+        names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}.get(
+            self.num_spatial_dims, tuple(f"spatial{i}" for i in range(self.num_spatial_dims))
+        )
+        spatial = tuple((name, None) for name in names)
+        return (("in_channels", self.in_channels),) + spatial
+
+    def __call__(
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "..."]:
+        """Convolve `x` of shape `(*batch, in_channels, *spatial)`.
+
+        Arguments:
+            x: the input.
+            key: ignored.
+
+        Returns:
+            `(*batch, out_channels, *new_spatial)`.
+        """
+        return batch_apply(
+            type(self).__name__, self._flat, [Core("x", x, self._core())], vectorised=True
+        )
+
+    def _flat(self, x: Array) -> Array:
+        n = self.num_spatial_dims
+        padding: Any = self.padding
+        if self.padding_mode != "ZEROS":
+            if isinstance(padding, str):
+                window = [
+                    (k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation, strict=True)
+                ]
+                padding = lax.padtype_to_pads(x.shape[2:], window, self.stride, padding)
+            x = jnp.pad(x, [(0, 0), (0, 0), *padding], mode=_PADDING_MODES[self.padding_mode])
+            padding = ((0, 0),) * n
+        y = lax.conv_general_dilated(
+            x,
+            self.weight,
+            window_strides=self.stride,
+            padding=padding,
+            rhs_dilation=self.dilation,
+            feature_group_count=self.groups,
+            dimension_numbers=_dimension_numbers(n),
+        )
+        if self.bias is not None:
+            y = y + self.bias.reshape((1, -1) + (1,) * n)
+        return y
+
+
+class Conv1d(Conv):
+    """A 1-d convolution over `(*batch, in_channels, length)`; see `Conv` for the arguments.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> conv = nn.Conv1d(3, 8, kernel_size=5, stride=2, key=jax.random.key(0))
+        >>> conv(jnp.ones((4, 3, 32))).shape
+        (4, 8, 14)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            1,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self, x: Float[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch out_channels new_length"]:
+        """Convolve `x` of shape `(*batch, in_channels, length)`."""
+        return super().__call__(x)
+
+
+class Conv2d(Conv):
+    """A 2-d convolution over `(*batch, in_channels, height, width)`; see `Conv` for the arguments.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> conv = nn.Conv2d(3, 8, kernel_size=3, padding=1, key=jax.random.key(0))
+        >>> conv(jnp.ones((3, 28, 28))).shape
+        (8, 28, 28)
+        >>> conv(jnp.ones((16, 3, 28, 28))).shape
+        (16, 8, 28, 28)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            2,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch in_channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch out_channels new_height new_width"]:
+        """Convolve `x` of shape `(*batch, in_channels, height, width)`."""
+        return super().__call__(x)
+
+
+class Conv3d(Conv):
+    """A 3-d convolution over `(*batch, in_channels, depth, height, width)`; see `Conv`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> conv = nn.Conv3d(2, 4, kernel_size=3, key=jax.random.key(0))
+        >>> conv(jnp.ones((2, 5, 6, 7))).shape
+        (4, 3, 4, 5)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            3,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch in_channels depth height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch out_channels new_depth new_height new_width"]:
+        """Convolve `x` of shape `(*batch, in_channels, depth, height, width)`."""
+        return super().__call__(x)

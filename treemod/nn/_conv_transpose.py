@@ -1,0 +1,267 @@
+"""Transposed convolutions: `ConvTranspose`, `ConvTranspose1d`, `ConvTranspose2d`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+from . import init as _init
+from ._batching import Core, batch_apply
+from ._conv import _dimension_numbers, _init_params, _padding
+from ._utils import as_tuple
+
+__all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d"]
+
+
+class ConvTranspose(Module):
+    """An N-d transposed convolution (PyTorch's `nn.ConvTransposeNd`, Equinox's layout).
+
+    The weight has Equinox's layout `(out, in/groups, *kernel)` (PyTorch stores
+    `(in, out/groups, *kernel)`). Output length per spatial dim:
+    `(L - 1) * stride - pad_low - pad_high + dilation * (kernel - 1) + output_padding + 1`.
+    Default init matches PyTorch (U(±1/sqrt(fan_in)) with PyTorch's fan_in, `out/groups *
+    prod(kernel)`). The key is split once into two (weight, bias).
+
+    Arguments:
+        num_spatial_dims: number of spatial dimensions.
+        in_channels: input channels.
+        out_channels: output channels.
+        kernel_size: an int or one per spatial dimension.
+        stride: an int or one per spatial dimension.
+        output_padding: extra size added on the high side of each output dim (< stride).
+        padding: an int, one int or `(low, high)` pair per spatial dim, or `"VALID"` (= 0).
+        dilation: an int or one per spatial dimension.
+        groups: number of channel groups.
+        use_bias: whether to add a bias.
+        dtype: parameter dtype.
+        weight_init: weight initialiser.
+        bias_init: bias initialiser.
+        key: the PRNG key.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> key = jax.random.key(0)
+        >>> up = nn.ConvTranspose(1, 4, 2, kernel_size=4, stride=2, padding=1, key=key)
+        >>> up(jnp.ones((4, 8))).shape
+        (2, 16)
+    """
+
+    weight: Float[Array, "out in_per_group *kernel"]
+    bias: Float[Array, " out"] | None
+    num_spatial_dims: int = field(static=True)
+    in_channels: int = field(static=True)
+    out_channels: int = field(static=True)
+    kernel_size: tuple[int, ...] = field(static=True)
+    stride: tuple[int, ...] = field(static=True)
+    output_padding: tuple[int, ...] = field(static=True)
+    padding: tuple[tuple[int, int], ...] = field(static=True)
+    dilation: tuple[int, ...] = field(static=True)
+    groups: int = field(static=True)
+    use_bias: bool = field(static=True)
+
+    def __init__(
+        self,
+        num_spatial_dims: int,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        output_padding: int | Sequence[int] = 0,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        name = type(self).__name__
+        n = num_spatial_dims
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"{name}: `groups`={groups} must divide in_channels={in_channels} and "
+                f"out_channels={out_channels}."
+            )
+        pad = _padding(name, padding, n)
+        if pad == "VALID":
+            pad = ((0, 0),) * n
+        if isinstance(pad, str):
+            raise ValueError(
+                f"{name}: `padding` must be ints, (low, high) pairs or 'VALID'; got {padding!r}."
+            )
+        self.padding = pad
+        self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
+        self.stride = as_tuple(name, "stride", stride, n)
+        self.dilation = as_tuple(name, "dilation", dilation, n)
+        self.output_padding = as_tuple(name, "output_padding", output_padding, n)
+        for op, s, d in zip(self.output_padding, self.stride, self.dilation, strict=True):
+            if op >= max(s, d):
+                raise ValueError(
+                    f"{name}: `output_padding` {self.output_padding} must be smaller than the "
+                    f"stride {self.stride} or the dilation {self.dilation}."
+                )
+        shape = (out_channels, in_channels // groups, *self.kernel_size)
+        fan_in = out_channels // groups * math.prod(self.kernel_size)
+        self.weight, self.bias = _init_params(
+            name, shape, fan_in, out_channels, use_bias, dtype, weight_init, bias_init, key
+        )
+        self.num_spatial_dims = n
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.groups = groups
+        self.use_bias = use_bias
+
+    def __call__(
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "..."]:
+        """Apply to `x` of shape `(*batch, in_channels, *spatial)`.
+
+        Arguments:
+            x: the input.
+            key: ignored.
+
+        Returns:
+            `(*batch, out_channels, *new_spatial)`.
+        """
+        core = (("in_channels", self.in_channels),) + tuple(
+            (f"spatial{i}", None) for i in range(self.num_spatial_dims)
+        )
+        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        n = self.num_spatial_dims
+        padding = tuple(
+            (d * (k - 1) - lo, d * (k - 1) - hi + op)
+            for k, d, (lo, hi), op in zip(
+                self.kernel_size, self.dilation, self.padding, self.output_padding, strict=True
+            )
+        )
+        w = jnp.flip(self.weight, axis=tuple(range(2, n + 2)))
+        y = lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=(1,) * n,
+            padding=padding,
+            lhs_dilation=self.stride,
+            rhs_dilation=self.dilation,
+            feature_group_count=self.groups,
+            dimension_numbers=_dimension_numbers(n),
+        )
+        if self.bias is not None:
+            y = y + self.bias.reshape((1, -1) + (1,) * n)
+        return y
+
+
+class ConvTranspose1d(ConvTranspose):
+    """A 1-d transposed convolution over `(*batch, in_channels, length)`; see `ConvTranspose`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> up = nn.ConvTranspose1d(4, 2, kernel_size=2, stride=2, key=jax.random.key(0))
+        >>> up(jnp.ones((3, 4, 8))).shape
+        (3, 2, 16)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        output_padding: int | Sequence[int] = 0,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            1,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            output_padding,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self, x: Float[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch out_channels new_length"]:
+        """Apply to `x` of shape `(*batch, in_channels, length)`."""
+        return super().__call__(x)
+
+
+class ConvTranspose2d(ConvTranspose):
+    """A 2-d transposed convolution over `(*batch, in_channels, height, width)`.
+
+    See `ConvTranspose` for the arguments.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> up = nn.ConvTranspose2d(8, 3, kernel_size=4, stride=2, padding=1, key=jax.random.key(0))
+        >>> up(jnp.ones((8, 7, 7))).shape
+        (3, 14, 14)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        output_padding: int | Sequence[int] = 0,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            2,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            output_padding,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch in_channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch out_channels new_height new_width"]:
+        """Apply to `x` of shape `(*batch, in_channels, height, width)`."""
+        return super().__call__(x)

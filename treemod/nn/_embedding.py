@@ -1,0 +1,86 @@
+"""`Embedding`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .._module import Module, field
+from . import init as _init
+from ._utils import default_dtype, require_key
+
+__all__ = ["Embedding"]
+
+
+class Embedding(Module):
+    """A lookup table: integer indices to vectors (PyTorch's `nn.Embedding`).
+
+    The weight is drawn from N(0, 1) like PyTorch, with the key unsplit (it is the only
+    parameter). Indices of any shape `(*batch,)` give `(*batch, embedding_size)`.
+
+    Arguments:
+        num_embeddings: number of rows (vocabulary size).
+        embedding_size: size of each vector.
+        weight: an existing `(num_embeddings, embedding_size)` table instead of a random one.
+        dtype: parameter dtype.
+        weight_init: initialiser (default N(0, 1)).
+        key: the PRNG key (not needed when `weight` is given).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> emb = nn.Embedding(10, 4, key=jax.random.key(0))
+        >>> emb(jnp.array([[1, 2, 3]])).shape
+        (1, 3, 4)
+    """
+
+    weight: Float[Array, "num_embeddings embedding_size"]
+    num_embeddings: int = field(static=True)
+    embedding_size: int = field(static=True)
+
+    def __init__(
+        self,
+        num_embeddings: int | None = None,
+        embedding_size: int | None = None,
+        weight: Float[Array, "num_embeddings embedding_size"] | None = None,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        key: PRNGKeyArray | None = None,
+    ) -> None:
+        if weight is None:
+            if num_embeddings is None or embedding_size is None:
+                raise ValueError(
+                    "Embedding: give `num_embeddings` and `embedding_size` (and a key), or "
+                    "an existing `weight` table."
+                )
+            require_key("Embedding", key)
+            weight_init = _init.normal(1.0) if weight_init is None else weight_init
+            weight = weight_init(key, (num_embeddings, embedding_size), default_dtype(dtype))
+        elif jnp.ndim(weight) != 2:
+            raise ValueError(
+                f"Embedding: `weight` must be 2-d (num_embeddings, embedding_size); got shape "
+                f"{jnp.shape(weight)}."
+            )
+        self.weight = weight
+        self.num_embeddings, self.embedding_size = jnp.shape(weight)
+
+    def __call__(
+        self, x: Int[Array, "*batch"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch embedding_size"]:
+        """Look up rows.
+
+        Arguments:
+            x: integer indices of any shape, each in `[0, num_embeddings)`.
+            key: ignored.
+
+        Returns:
+            `(*x.shape, embedding_size)`.
+        """
+        if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+            raise TypeError(
+                f"Embedding: indices must be integers; got dtype {jnp.result_type(x)}. Cast "
+                "them with `.astype(jnp.int32)`."
+            )
+        return jnp.take(self.weight, x, axis=0)

@@ -1,0 +1,132 @@
+"""`Linear` and `Identity`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+from . import init as _init
+from ._batching import Core, batch_apply
+from ._utils import default_dtype, lead, require_key
+
+__all__ = ["Linear", "Identity"]
+
+
+class Linear(Module):
+    """An affine map `y = x @ weight.T + bias` (PyTorch's `nn.Linear`, Equinox's `nn.Linear`).
+
+    The key is split once into two: `weight_key, bias_key = jax.random.split(key, 2)`.
+    By default both weight and bias are drawn from U(-1/sqrt(in), 1/sqrt(in)), like PyTorch.
+
+    Accepts `x` of shape `(in_features,)` or with any number of leading batch dimensions
+    `(*batch, in_features)` (a single matmul). With `in_features="scalar"`, `x` has shape
+    `(*batch,)`; with `out_features="scalar"`, the output drops its last dimension.
+
+    Arguments:
+        in_features: input size, or `"scalar"` for a scalar input.
+        out_features: output size, or `"scalar"` for a scalar output.
+        use_bias: whether to add a bias.
+        dtype: parameter dtype (float32 by default; bfloat16 works).
+        weight_init: initialiser `(key, shape, dtype) -> array` for the `(out, in)` weight
+            (default: PyTorch's).
+        bias_init: initialiser for the `(out,)` bias (default: PyTorch's).
+        key: the PRNG key.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> linear = nn.Linear(3, 4, key=jax.random.key(0))
+        >>> linear(jnp.ones(3)).shape
+        (4,)
+        >>> linear(jnp.ones((8, 5, 3))).shape
+        (8, 5, 4)
+    """
+
+    weight: Float[Array, "out in"]
+    bias: Float[Array, " out"] | None
+    in_features: int | Literal["scalar"] = field(static=True)
+    out_features: int | Literal["scalar"] = field(static=True)
+    use_bias: bool = field(static=True)
+
+    def __init__(
+        self,
+        in_features: int | Literal["scalar"],
+        out_features: int | Literal["scalar"],
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        require_key("Linear", key)
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if v != "scalar" and (not isinstance(v, int) or v < 0):
+                raise ValueError(
+                    f"Linear: `{name}` must be a non-negative int or 'scalar'; got {v!r}."
+                )
+        dtype = default_dtype(dtype)
+        n_in = 1 if in_features == "scalar" else int(in_features)
+        n_out = 1 if out_features == "scalar" else int(out_features)
+        wkey, bkey = jax.random.split(key, 2)
+        weight_init = _init.pytorch_default if weight_init is None else weight_init
+        self.weight = weight_init(wkey, (n_out, n_in), dtype)
+        if use_bias:
+            if bias_init is None:
+                bound = 1 / math.sqrt(n_in) if n_in > 0 else 0.0
+                bias_init = _init.uniform(-bound, bound)
+            self.bias = bias_init(bkey, (n_out,), dtype)
+        else:
+            self.bias = None
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = use_bias
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch in"] | Float[Array, "*batch"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch out"] | Float[Array, "*batch"]:
+        """Apply the layer.
+
+        Arguments:
+            x: `(*batch, in_features)`, or `(*batch,)` when `in_features="scalar"`.
+            key: ignored (for a uniform interface with layers that need one).
+
+        Returns:
+            `(*batch, out_features)`, or `(*batch,)` when `out_features="scalar"`.
+        """
+        dims = () if self.in_features == "scalar" else (("in_features", self.in_features),)
+        return batch_apply("Linear", self._flat, [Core("x", x, dims)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        if self.in_features == "scalar":
+            x = x[..., None]
+        y = jnp.matmul(x, self.weight.T)
+        if self.bias is not None:
+            y = y + lead(self.bias, y.ndim)
+        if self.out_features == "scalar":
+            y = y[..., 0]
+        return y
+
+
+class Identity(Module):
+    """Return the input unchanged; accepts and ignores any other arguments.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.Identity()(jnp.ones(2))
+        Array([1., 1.], dtype=float32)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, x: Any, *, key: PRNGKeyArray | None = None) -> Any:
+        """Return `x`."""
+        return x

@@ -1,0 +1,266 @@
+"""Normalisation layers: `LayerNorm`, `GroupNorm`, `RMSNorm`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+from ._batching import Core, batch_apply
+from ._utils import default_dtype, lead
+
+__all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
+
+
+def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+def _compute_dtype(dtype: Any) -> Any:
+    """Statistics are computed in at least float32 (bfloat16 inputs stay accurate)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the trailing `shape` dimensions (PyTorch's `nn.LayerNorm`).
+
+    Normalises each example with the mean and biased variance of its last `len(shape)`
+    dimensions, then applies an elementwise weight (init 1) and bias (init 0). Statistics are
+    computed in float32 at least. No key: nothing is random.
+
+    Arguments:
+        shape: the normalised trailing shape (an int or a tuple).
+        eps: added to the variance.
+        use_weight: learn an elementwise scale.
+        use_bias: learn an elementwise shift.
+        dtype: parameter dtype.
+        elementwise_affine: deprecated alias setting both `use_weight` and `use_bias`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> ln = nn.LayerNorm(4)
+        >>> y = ln(jnp.arange(8.0).reshape(2, 4))
+        >>> jnp.round(y.mean(-1), 5)
+        Array([0., 0.], dtype=float32)
+    """
+
+    weight: Float[Array, "*shape"] | None
+    bias: Float[Array, "*shape"] | None
+    shape: tuple[int, ...] = field(static=True)
+    eps: float = field(static=True)
+    use_weight: bool = field(static=True)
+    use_bias: bool = field(static=True)
+
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        elementwise_affine: bool | None = None,
+    ) -> None:
+        if elementwise_affine is not None:
+            use_weight = use_bias = elementwise_affine
+        dtype = default_dtype(dtype)
+        self.shape = _shape(shape)
+        self.eps = eps
+        self.use_weight = use_weight
+        self.use_bias = use_bias
+        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
+        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+
+    def __call__(
+        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch_and_shape"]:
+        """Normalise `x` of shape `(*batch, *shape)`.
+
+        Arguments:
+            x: the input.
+            key: ignored.
+
+        Returns:
+            An array of the shape and dtype of `x`.
+        """
+        core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
+        return batch_apply("LayerNorm", self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        axes = tuple(range(1, x.ndim))
+        xf = x.astype(_compute_dtype(x.dtype))
+        mean = xf.mean(axes, keepdims=True)
+        var = jnp.square(xf - mean).mean(axes, keepdims=True)
+        y = (xf - mean) * lax.rsqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * lead(self.weight.astype(y.dtype), y.ndim)
+        if self.bias is not None:
+            y = y + lead(self.bias.astype(y.dtype), y.ndim)
+        return y.astype(x.dtype)
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the trailing `shape` dimensions.
+
+    `y = x / sqrt(mean(x**2) + eps) * weight + bias` (PyTorch's `nn.RMSNorm` has no bias;
+    Equinox's has one, on by default). Statistics in float32 at least. No key.
+
+    Arguments:
+        shape: the normalised trailing shape.
+        eps: added to the mean square.
+        use_weight: learn an elementwise scale (init 1).
+        use_bias: learn an elementwise shift (init 0).
+        dtype: parameter dtype.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> y = nn.RMSNorm(2, use_bias=False)(jnp.array([3.0, 4.0]))
+        >>> [round(v, 3) for v in y.tolist()]
+        [0.849, 1.131]
+    """
+
+    weight: Float[Array, "*shape"] | None
+    bias: Float[Array, "*shape"] | None
+    shape: tuple[int, ...] = field(static=True)
+    eps: float = field(static=True)
+    use_weight: bool = field(static=True)
+    use_bias: bool = field(static=True)
+
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = None,
+    ) -> None:
+        dtype = default_dtype(dtype)
+        self.shape = _shape(shape)
+        self.eps = eps
+        self.use_weight = use_weight
+        self.use_bias = use_bias
+        self.weight = jnp.ones(self.shape, dtype) if use_weight else None
+        self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
+
+    def __call__(
+        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch_and_shape"]:
+        """Normalise `x` of shape `(*batch, *shape)`.
+
+        Arguments:
+            x: the input.
+            key: ignored.
+
+        Returns:
+            An array of the shape and dtype of `x`.
+        """
+        core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
+        return batch_apply("RMSNorm", self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        axes = tuple(range(1, x.ndim))
+        xf = x.astype(_compute_dtype(x.dtype))
+        y = xf * lax.rsqrt(jnp.square(xf).mean(axes, keepdims=True) + self.eps)
+        if self.weight is not None:
+            y = y * lead(self.weight.astype(y.dtype), y.ndim)
+        if self.bias is not None:
+            y = y + lead(self.bias.astype(y.dtype), y.ndim)
+        return y.astype(x.dtype)
+
+
+class GroupNorm(Module):
+    """Group normalisation over channels-first input (PyTorch's `nn.GroupNorm`).
+
+    Channels are split into `groups`; each group of each example is normalised with its own
+    mean and biased variance, then a per-channel weight (init 1) and bias (init 0) apply.
+
+    As in Equinox, by default the input is one example `(channels, *spatial)`. To accept
+    leading batch dimensions `(*batch, channels, *spatial)` (PyTorch's layout, or more), give
+    `spatial_ndim`, the number of spatial dimensions: without it the layer cannot tell batch
+    dimensions from spatial ones.
+
+    Arguments:
+        groups: number of groups (divides `channels`).
+        channels: number of channels (needed for the affine parameters).
+        eps: added to the variance.
+        channelwise_affine: learn a per-channel weight and bias.
+        dtype: parameter dtype.
+        spatial_ndim: number of spatial dimensions after the channel axis; `None` means the
+            input is a single unbatched example.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> gn = nn.GroupNorm(2, 4, spatial_ndim=2)
+        >>> gn(jnp.ones((8, 4, 5, 5))).shape
+        (8, 4, 5, 5)
+    """
+
+    weight: Float[Array, " channels"] | None
+    bias: Float[Array, " channels"] | None
+    groups: int = field(static=True)
+    channels: int | None = field(static=True)
+    eps: float = field(static=True)
+    channelwise_affine: bool = field(static=True)
+    spatial_ndim: int | None = field(static=True)
+
+    def __init__(
+        self,
+        groups: int,
+        channels: int | None = None,
+        eps: float = 1e-5,
+        channelwise_affine: bool = True,
+        dtype: Any = None,
+        *,
+        spatial_ndim: int | None = None,
+    ) -> None:
+        if channels is not None and channels % groups:
+            raise ValueError(f"GroupNorm: groups={groups} must divide channels={channels}.")
+        if channelwise_affine and channels is None:
+            raise ValueError(
+                "GroupNorm: channelwise_affine=True needs `channels` (the size of the weight)."
+            )
+        dtype = default_dtype(dtype)
+        self.groups = groups
+        self.channels = channels
+        self.eps = eps
+        self.channelwise_affine = channelwise_affine
+        self.spatial_ndim = spatial_ndim
+        self.weight = jnp.ones((channels,), dtype) if channelwise_affine else None
+        self.bias = jnp.zeros((channels,), dtype) if channelwise_affine else None
+
+    def __call__(
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "..."]:
+        """Normalise `x` of shape `(channels, *spatial)`, or `(*batch, channels, *spatial)`.
+
+        Arguments:
+            x: the input (leading batch dimensions need `spatial_ndim`).
+            key: ignored.
+
+        Returns:
+            An array of the shape and dtype of `x`.
+        """
+        spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
+        core = (("channels", self.channels),) + tuple(
+            (f"spatial{i}", None) for i in range(max(spatial, 0))
+        )
+        return batch_apply("GroupNorm", self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        n, c = x.shape[:2]
+        if c % self.groups:
+            raise ValueError(f"GroupNorm: groups={self.groups} must divide the {c} channels.")
+        xf = x.astype(_compute_dtype(x.dtype))
+        g = xf.reshape((n, self.groups, -1))
+        mean = g.mean(-1, keepdims=True)
+        var = jnp.square(g - mean).mean(-1, keepdims=True)
+        y = ((g - mean) * lax.rsqrt(var + self.eps)).reshape(xf.shape)
+        if self.weight is not None and self.bias is not None:
+            shape = (1, c) + (1,) * (x.ndim - 2)
+            y = y * self.weight.astype(y.dtype).reshape(shape)
+            y = y + self.bias.astype(y.dtype).reshape(shape)
+        return y.astype(x.dtype)

@@ -1,0 +1,364 @@
+"""Pooling: `MaxPool1d/2d`, `AvgPool1d/2d` (and the N-d `MaxPool`, `AvgPool`), adaptive average."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from .._module import Module, field
+from ._batching import Core, batch_apply
+from ._utils import as_tuple
+
+__all__ = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AvgPool",
+    "AvgPool1d",
+    "AvgPool2d",
+    "MaxPool",
+    "MaxPool1d",
+    "MaxPool2d",
+]
+
+
+def _pool_padding(owner: str, padding: Any, n: int) -> tuple[tuple[int, int], ...]:
+    if isinstance(padding, int):
+        return ((padding, padding),) * n
+    padding = tuple(padding)
+    if len(padding) != n:
+        raise ValueError(
+            f"{owner}: `padding` must be an int or {n} ints / (low, high) pairs; got {padding}."
+        )
+    return tuple((p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in padding)
+
+
+class _Pool(Module):
+    num_spatial_dims: int = field(static=True)
+    kernel_size: tuple[int, ...] = field(static=True)
+    stride: tuple[int, ...] = field(static=True)
+    padding: tuple[tuple[int, int], ...] = field(static=True)
+    use_ceil: bool = field(static=True)
+
+    def __init__(
+        self,
+        num_spatial_dims: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        name = type(self).__name__
+        n = num_spatial_dims
+        self.num_spatial_dims = n
+        self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
+        self.stride = as_tuple(name, "stride", stride, n)
+        self.padding = _pool_padding(name, padding, n)
+        self.use_ceil = use_ceil
+        for k, (lo, hi) in zip(self.kernel_size, self.padding, strict=True):
+            if max(lo, hi) * 2 > k:
+                raise ValueError(
+                    f"{name}: padding {self.padding} must be at most half the kernel size "
+                    f"{self.kernel_size} (a window must never lie wholly in the padding)."
+                )
+
+    def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
+        """Explicit padding per spatial dim, and the extra high padding that ceil mode adds."""
+        pads, extra = [], []
+        for size, k, s, (lo, hi) in zip(
+            spatial, self.kernel_size, self.stride, self.padding, strict=True
+        ):
+            total = size + lo + hi
+            if total < k:
+                raise ValueError(
+                    f"{type(self).__name__}: the padded input size {total} is smaller than the "
+                    f"kernel size {k}."
+                )
+            out = (total - k) // s + 1
+            if self.use_ceil:
+                out = -(-(total - k) // s) + 1
+                if (out - 1) * s >= size + lo:  # the last window must start inside the input
+                    out -= 1
+            pads.append((lo, hi))
+            extra.append(max(0, (out - 1) * s + k - total))
+        return pads, extra
+
+    def _reduce(self, x: Array, init: Any, op: Any) -> tuple[Array, list, list]:
+        pads, extra = self._pads(x.shape[2:])
+        full = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)]
+        y = lax.reduce_window(
+            x,
+            jnp.array(init, x.dtype),
+            op,
+            (1, 1, *self.kernel_size),
+            (1, 1, *self.stride),
+            full,
+        )
+        return y, pads, extra
+
+    def __call__(
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "..."]:
+        """Pool `x` of shape `(*batch, channels, *spatial)`.
+
+        Arguments:
+            x: the input.
+            key: ignored.
+
+        Returns:
+            `(*batch, channels, *pooled_spatial)`.
+        """
+        core = (("channels", None),) + tuple(
+            (f"spatial{i}", None) for i in range(self.num_spatial_dims)
+        )
+        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        raise NotImplementedError
+
+
+class MaxPool(_Pool):
+    """N-d max pooling over `(*batch, channels, *spatial)` (Equinox's `nn.MaxPool`).
+
+    As in Equinox, `stride` defaults to 1 (PyTorch defaults it to the kernel size). Padding
+    counts as minus infinity. `use_ceil=True` is PyTorch's `ceil_mode=True`.
+
+    Arguments:
+        num_spatial_dims: number of spatial dimensions.
+        kernel_size: window size, an int or one per spatial dimension.
+        stride: window step, an int or one per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        use_ceil: round the output size up instead of down.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.MaxPool(1, kernel_size=2, stride=2)(jnp.arange(8.0).reshape(1, 8))
+        Array([[1., 3., 5., 7.]], dtype=float32)
+    """
+
+    def _flat(self, x: Array) -> Array:
+        return self._reduce(x, -jnp.inf, lax.max)[0]
+
+
+class AvgPool(_Pool):
+    """N-d average pooling over `(*batch, channels, *spatial)` (Equinox's `nn.AvgPool`).
+
+    `stride` defaults to 1 as in Equinox. Zero padding is counted in the average (PyTorch's
+    `count_include_pad=True`); with `use_ceil=True`, windows running past the padded input
+    are averaged over their valid part, as in PyTorch.
+
+    Arguments:
+        num_spatial_dims: number of spatial dimensions.
+        kernel_size: window size, an int or one per spatial dimension.
+        stride: window step, an int or one per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        use_ceil: round the output size up instead of down.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.AvgPool(1, kernel_size=2, stride=2)(jnp.arange(8.0).reshape(1, 8))
+        Array([[0.5, 2.5, 4.5, 6.5]], dtype=float32)
+    """
+
+    def _flat(self, x: Array) -> Array:
+        y, pads, extra = self._reduce(x, 0, lax.add)
+        if not any(extra):
+            return y / math.prod(self.kernel_size)
+        ones = np.ones(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)))
+        ones = np.pad(ones, [(0, e) for e in extra])
+        count = lax.reduce_window(
+            jnp.asarray(ones, x.dtype),
+            jnp.array(0, x.dtype),
+            lax.add,
+            self.kernel_size,
+            self.stride,
+            "VALID",
+        )
+        return y / count
+
+
+class MaxPool1d(MaxPool):
+    """1-d max pooling over `(*batch, channels, length)`; see `MaxPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.MaxPool1d(3, stride=2)(jnp.ones((4, 2, 9))).shape
+        (4, 2, 4)
+    """
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(1, kernel_size, stride, padding, use_ceil)
+
+    def __call__(
+        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch channels new_length"]:
+        """Pool `x` of shape `(*batch, channels, length)`."""
+        return super().__call__(x)
+
+
+class MaxPool2d(MaxPool):
+    """2-d max pooling over `(*batch, channels, height, width)`; see `MaxPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.MaxPool2d(2, stride=2)(jnp.ones((8, 3, 28, 28))).shape
+        (8, 3, 14, 14)
+    """
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(2, kernel_size, stride, padding, use_ceil)
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        return super().__call__(x)
+
+
+class AvgPool1d(AvgPool):
+    """1-d average pooling over `(*batch, channels, length)`; see `AvgPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.AvgPool1d(2, stride=2)(jnp.ones((2, 8))).shape
+        (2, 4)
+    """
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(1, kernel_size, stride, padding, use_ceil)
+
+    def __call__(
+        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch channels new_length"]:
+        """Pool `x` of shape `(*batch, channels, length)`."""
+        return super().__call__(x)
+
+
+class AvgPool2d(AvgPool):
+    """2-d average pooling over `(*batch, channels, height, width)`; see `AvgPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.AvgPool2d(2, stride=2)(jnp.ones((3, 8, 8))).shape
+        (3, 4, 4)
+    """
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(2, kernel_size, stride, padding, use_ceil)
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        return super().__call__(x)
+
+
+def _adaptive_matrix(size: int, target: int) -> np.ndarray:
+    """`(target, size)` averaging matrix with PyTorch's adaptive windows."""
+    m = np.zeros((target, size), np.float64)
+    for i in range(target):
+        start = (i * size) // target
+        end = -(-((i + 1) * size) // target)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+class _AdaptiveAvgPool(Module):
+    target_shape: tuple[int, ...] = field(static=True)
+
+    def _apply(self, x: Array) -> Array:
+        n = len(self.target_shape)
+        core = (("channels", None),) + tuple((f"spatial{i}", None) for i in range(n))
+        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+
+    def _flat(self, x: Array) -> Array:
+        letters = "hwd"
+        for i, t in enumerate(self.target_shape):
+            m = jnp.asarray(_adaptive_matrix(x.shape[2 + i], t), x.dtype)
+            axis = letters[i]
+            spec = "nc" + letters[: len(self.target_shape)]
+            out = spec.replace(axis, "o")
+            x = jnp.einsum(f"{spec},o{axis}->{out}", x, m)
+        return x
+
+
+class AdaptiveAvgPool1d(_AdaptiveAvgPool):
+    """Average pooling to a fixed output length, with PyTorch's adaptive windows.
+
+    Arguments:
+        target_shape: the output length (an int or a 1-tuple).
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.AdaptiveAvgPool1d(2)(jnp.arange(6.0).reshape(1, 6))
+        Array([[1., 4.]], dtype=float32)
+    """
+
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        self.target_shape = as_tuple("AdaptiveAvgPool1d", "target_shape", target_shape, 1)
+
+    def __call__(
+        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "*batch channels target"]:
+        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
+        return self._apply(x)
+
+
+class AdaptiveAvgPool2d(_AdaptiveAvgPool):
+    """Average pooling to a fixed output size `(height, width)`, with PyTorch's adaptive windows.
+
+    Arguments:
+        target_shape: the output `(height, width)` (an int for a square).
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.AdaptiveAvgPool2d((1, 1))(jnp.ones((8, 64, 7, 7))).shape
+        (8, 64, 1, 1)
+    """
+
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        self.target_shape = as_tuple("AdaptiveAvgPool2d", "target_shape", target_shape, 2)
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels target_height target_width"]:
+        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        return self._apply(x)

@@ -1,0 +1,65 @@
+"""Small helpers shared by the layers: default dtype, keys at call time, tuple arguments."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+
+def default_dtype(dtype: Any) -> Any:
+    """`dtype`, or float32 when `None`; raises for non-floating dtypes."""
+    dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"Layer dtype must be a floating dtype (e.g. jnp.bfloat16); got {dtype}.")
+    return dtype
+
+
+def require_key(owner: str, key: Any) -> None:
+    """Raise a clear error when a layer constructor got no key."""
+    if key is None:
+        raise TypeError(
+            f"{owner} needs a PRNG key to initialise its parameters: pass `key=jax.random.key(0)` "
+            "(or a subkey, e.g. from `treemod.nn.KeySeq`)."
+        )
+
+
+def as_tuple(owner: str, name: str, value: int | Sequence[int], n: int) -> tuple[int, ...]:
+    """Expand an int to an `n`-tuple, or check a sequence has length `n`."""
+    if isinstance(value, int):
+        return (value,) * n
+    value = tuple(value)
+    if len(value) != n or not all(isinstance(v, int) for v in value):
+        raise ValueError(
+            f"{owner}: `{name}` must be an int or a sequence of {n} ints; got {value}."
+        )
+    return value
+
+
+@functools.cache
+def _type_accepts_key(cls: type) -> bool:
+    call = cls.__dict__.get("__call__") or next(
+        (k.__dict__["__call__"] for k in cls.__mro__ if "__call__" in k.__dict__), None
+    )
+    if call is None:
+        return False
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "key" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def accepts_key(layer: Any) -> bool:
+    """Whether `layer` is a module whose `__call__` takes a `key` keyword (decided per type)."""
+    from .._module import Module
+
+    return isinstance(layer, Module) and _type_accepts_key(type(layer))
+
+
+def lead(a: Any, ndim: int) -> Any:
+    """Reshape `a` with leading ones to rank `ndim` (explicit broadcasting, no rank promotion)."""
+    return jnp.reshape(a, (1,) * (ndim - jnp.ndim(a)) + tuple(jnp.shape(a)))
