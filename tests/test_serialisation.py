@@ -1,4 +1,4 @@
-"""save/load: round trips (every dtype, sharding, State, simple values), like checks, partial loads."""
+"""save/load: round trips (all dtypes, sharding, State, values), like checks, partial loads."""
 
 from __future__ import annotations
 

@@ -235,7 +235,8 @@ def write_checkpoint(
         tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
         try:
             # Mode 0o666 lets the umask decide, so the checkpoint gets normal permissions.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+            fd = os.open(tmp, flags, 0o666)
             break
         except FileExistsError:
             continue
