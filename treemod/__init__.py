@@ -16,7 +16,7 @@ from ._module import AbstractVar, FrozenModuleError, Module, field
 from ._state import State, is_param, is_state, stateful, update_state
 
 # Transforms (filter_jit and friends).
-from . import debug
+from . import debug as debug
 from ._ad import filter_grad, filter_value_and_grad
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache

@@ -14,19 +14,10 @@ from typing import Any
 
 import jax
 
-from ._callable import is_inexact_array_or_tracer
 from ._filters import combine, partition
-from ._state import State, is_state
+from ._state import is_param
 
 __all__ = ["filter_grad", "filter_value_and_grad"]
-
-
-def _is_param(x: Any) -> bool:
-    # `is_param`, but also true for tracers (so it works inside `filter_jit`).
-    return not isinstance(x, State) and is_inexact_array_or_tracer(x)
-
-
-_is_param.is_leaf = is_state  # type: ignore[attr-defined]
 
 
 class _GradWrapper:
@@ -47,7 +38,7 @@ class _GradWrapper:
                 "differentiated, usually the model) passed positionally."
             )
         x, rest = args[0], args[1:]
-        diff, nondiff = partition(x, _is_param)
+        diff, nondiff = partition(x, is_param)
         fun = self._fun
 
         def with_params(diff_x: Any) -> Any:
@@ -67,9 +58,7 @@ class _GradWrapper:
         return types.MethodType(self, instance)
 
 
-def filter_value_and_grad(
-    fun: Callable[..., Any] | None = None, *, has_aux: bool = False
-) -> Any:
+def filter_value_and_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
     """Like `jax.value_and_grad`, differentiating the parameters of the first argument.
 
     Floating-point arrays of the first argument that are not inside a `State` are

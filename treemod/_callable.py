@@ -10,35 +10,9 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import jax
 import jax.tree_util as jtu
-import numpy as np
 
-# Tracers are instances of `jax.Array` through `__instancecheck__` only, not subclasses of it,
-# so a type-keyed cache has to name them explicitly.
-_ARRAY_BASES: tuple[type, ...] = (jax.Array, np.ndarray, np.generic, jax.core.Tracer)
-
-
-class _IsArrayType(dict):
-    """type -> whether its instances are traced by the filtered transforms (filled lazily)."""
-
-    def __missing__(self, cls: type) -> bool:
-        value = issubclass(cls, _ARRAY_BASES)
-        self[cls] = value
-        return value
-
-
-IS_ARRAY_TYPE = _IsArrayType()
-
-
-def is_array_or_tracer(x: Any) -> bool:
-    """Whether `x` is an array, a NumPy scalar or a JAX tracer."""
-    return IS_ARRAY_TYPE[type(x)]
-
-
-def is_inexact_array_or_tracer(x: Any) -> bool:
-    """Whether `x` is a floating-point or complex array (or tracer of one)."""
-    return IS_ARRAY_TYPE[type(x)] and bool(np.issubdtype(x.dtype, np.inexact))
+from ._filters import IS_ARRAY_TYPE
 
 
 class _Kinds(dict):

@@ -39,7 +39,7 @@ class _CheckpointWrapper:
         fun, call = self._fun, self._call
 
         def inner(dyn: list) -> Any:
-            fn_tree, a, k = treedef.unflatten(merge_leaves(mask, dyn, static))
+            fn_tree, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
             if call is not None:
                 out = call(fn_tree, *a, **k)
             elif fn_tree is not None:

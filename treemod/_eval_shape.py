@@ -49,7 +49,7 @@ def filter_eval_shape(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
     static = [x for x, m in zip(leaves, mask, strict=True) if not m]
 
     def inner(dyn: list) -> Any:
-        f, a, k = treedef.unflatten(merge_leaves(mask, dyn, static))
+        f, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
         return pack_output(f(*a, **k))
 
     return jax.eval_shape(inner, dynamic)

@@ -59,6 +59,7 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
                 f"filter_vmap({name}): {what} must be a pytree prefix of the "
                 f"{'arguments' if what == 'in_axes' else 'output'}: {e}"
             ) from None
+
     def where(path: tuple) -> str:
         if what == "out_axes":
             return "the output" + jtu.keystr(path)
@@ -145,7 +146,7 @@ class _VmapWrapper:
         fun, out_axes = self._fun, self._out_axes
 
         def inner(dyn: list) -> tuple[list, list]:
-            call_args, call_kwargs = treedef.unflatten(merge_leaves(mask, dyn, static))
+            call_args, call_kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
             out = fun(*call_args, **call_kwargs)
             out_leaves, out_def = jtu.tree_flatten(out)
             out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
