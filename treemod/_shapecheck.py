@@ -68,7 +68,8 @@ class _CallSpec:
     signature: inspect.Signature
     params: tuple[_Entry, ...]
     ret: _Entry | None
-    bind_fields: bool
+    is_method: bool  # the first parameter is `self`
+    bind_fields: bool  # bind the dimensions of `self`'s fields first (not in `__init__`)
 
 
 def _entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
@@ -98,12 +99,16 @@ def field_spec(cls: type) -> tuple[_Entry, ...]:
             owner = next(
                 (k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {})), cls
             )
-            module = sys.modules.get(owner.__module__)
-            globalns = vars(module) if module is not None else {}
-            try:
-                annotation = resolve_annotation(annotation, globalns, dict(vars(owner)))
-            except UnresolvedAnnotation as e:
-                raise _unresolved(f"field {cls.__qualname__}.{f.name}", f.type, e) from None
+            early = owner.__dict__.get("__tm_field_annotations__", {})
+            if f.name in early:
+                annotation = early[f.name]
+            else:
+                module = sys.modules.get(owner.__module__)
+                globalns = vars(module) if module is not None else {}
+                try:
+                    annotation = resolve_annotation(annotation, globalns, dict(vars(owner)))
+                except UnresolvedAnnotation as e:
+                    raise _unresolved(f"field {cls.__qualname__}.{f.name}", f.type, e) from None
         if contains_jaxtyping(annotation):
             entries.append(_entry(f.name, annotation))
     spec = tuple(entries)
@@ -111,23 +116,27 @@ def field_spec(cls: type) -> tuple[_Entry, ...]:
     return spec
 
 
-def _analyse_call(fn: Callable[..., Any]) -> _CallSpec | bool:
-    try:
-        annotations = function_annotations(fn)
-    except UnresolvedAnnotation as e:
-        raise _unresolved(f"{fn.__qualname__}", fn.__annotations__, e) from None
+def _analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) -> _CallSpec | bool:
+    if annotations is None:
+        try:
+            annotations = function_annotations(fn)
+        except UnresolvedAnnotation as e:
+            raise _unresolved(f"{fn.__qualname__}", fn.__annotations__, e) from None
     signature = inspect.signature(fn)
     params = tuple(
         _entry(name, annotations[name], p.kind)
         for name, p in signature.parameters.items()
         if contains_jaxtyping(annotations.get(name))
     )
-    ret = _entry("return", annotations["return"]) if contains_jaxtyping(annotations.get("return")) else None
+    ret = (
+        _entry("return", annotations["return"])
+        if contains_jaxtyping(annotations.get("return"))
+        else None
+    )
     if not params and ret is None:
         return False
-    first = next(iter(signature.parameters), None)
-    bind_fields = first == "self" and fn.__name__ != "__init__"
-    return _CallSpec(signature, params, ret, bind_fields)
+    is_method = next(iter(signature.parameters), None) == "self"
+    return _CallSpec(signature, params, ret, is_method, is_method and fn.__name__ != "__init__")
 
 
 # ------------------------------------------------------------------------------ checking
@@ -238,11 +247,10 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
     spec = state[0]
     force = state[1]
     if spec is None:
-        spec = state[0] = _analyse_call(fn)
-    is_module_method = (
-        spec is not False and spec.bind_fields and args and hasattr(type(args[0]), "__tm_static_fields__")
-    )
-    owner = type(args[0]) if is_module_method else None
+        spec = state[0] = _analyse_call(fn, state[2])
+    owner = type(args[0]) if args else None
+    if not hasattr(owner, "__tm_static_fields__") or spec is False or not spec.is_method:
+        owner = None
     if not (force or enabled_for(owner)):
         return fn(*args, **kwargs)
     checker = current()[1]
@@ -259,7 +267,7 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
         binders: dict[str, str] = {}
         push_shape_memo(bound.arguments)
         try:
-            if owner is not None:
+            if owner is not None and spec.bind_fields:
                 fields = field_spec(owner)
                 if fields:
                     suffix = f" (checked when calling {where})"
@@ -307,7 +315,7 @@ def shapecheck(obj: _T) -> _T:
         >>> outer(jnp.ones((2, 2)), jnp.ones(3))
         Traceback (most recent call last):
         ...
-        treemod._shapecheck.ShapeCheckError: outer argument x: expected Float[Array, 'm'], got f32[2,2]
+        treemod._shapecheck.ShapeCheckError: outer argument x: expected Float[Array, 'm'], ...
           reason: this array has 2 dimensions, not the 1 expected by the type hint
     """
     if isinstance(obj, type):
@@ -323,7 +331,8 @@ def shapecheck(obj: _T) -> _T:
         raise TypeError(f"shapecheck decorates functions and Module classes, not {obj!r}.")
     state = getattr(obj, "__tm_shapecheck_state__", None)
     if state is not None:
-        return wrap_checked(obj.__wrapped__, force=True)  # type: ignore[attr-defined,return-value]
+        fn = obj.__wrapped__  # type: ignore[attr-defined]
+        return wrap_checked(fn, force=True, annotations=state[2])  # type: ignore[return-value]
     return wrap_checked(obj, force=True)  # type: ignore[return-value]
 
 

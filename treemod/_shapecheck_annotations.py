@@ -53,7 +53,9 @@ def dim_names(ann: Any, _depth: int = 0) -> tuple[str, ...]:
             name = getattr(dim, "name", None)
             if isinstance(name, str):
                 variadic = type(dim).__name__ == "_NamedVariadicDim"
-                names.append("*" + name if variadic else name)
+                name = "*" + name if variadic else name
+                if name not in names:
+                    names.append(name)
         return tuple(names)
     out: list[str] = []
     for a in typing.get_args(ann):
@@ -81,7 +83,8 @@ def format_annotation(ann: Any, _depth: int = 0) -> str:
     if is_array_annotation(ann):
         dtype = getattr(getattr(ann, "dtype", None), "__name__", "Shaped")
         array_type = _array_type_name(getattr(ann, "array_type", Any))
-        return f"{dtype}[{array_type}, {getattr(ann, 'dim_str', '')!r}]"
+        dims = " ".join(str(getattr(ann, "dim_str", "")).split())
+        return f"{dtype}[{array_type}, {dims!r}]"
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
     if origin in _UNION_TYPES:
@@ -89,10 +92,14 @@ def format_annotation(ann: Any, _depth: int = 0) -> str:
     if origin is typing.Annotated:
         return format_annotation(args[0], _depth + 1)
     if isinstance(ann, _PyTreeMeta):
-        return getattr(ann, "__name__", "PyTree")
+        leaf = format_annotation(getattr(ann, "leaftype", Any), _depth + 1)
+        structure = getattr(ann, "structure", None)
+        return f"PyTree[{leaf}{'' if structure is None else f', {structure!r}'}]"
     if origin is not None and args:
         name = getattr(origin, "__name__", repr(origin))
-        inner = ", ".join("..." if a is Ellipsis else format_annotation(a, _depth + 1) for a in args)
+        inner = ", ".join(
+            "..." if a is Ellipsis else format_annotation(a, _depth + 1) for a in args
+        )
         return f"{name}[{inner}]"
     if isinstance(ann, type):
         return ann.__qualname__
@@ -147,17 +154,22 @@ def resolve_annotation(ann: Any, globalns: dict[str, Any], localns: dict[str, An
     if not isinstance(ann, str):
         return ann
     try:
-        return eval(ann, dict(globalns), dict(localns))  # noqa: S307 - annotations are code
+        return eval(ann, globalns, localns)  # noqa: S307 - annotations are code
     except Exception as e:
         if _LOOKS_JAXTYPED.search(ann):
             raise UnresolvedAnnotation(f"{type(e).__name__}: {e}") from e
         return None
 
 
-def function_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
-    """Resolve `fn`'s annotations with its module's globals (string annotations included)."""
+def function_annotations(
+    fn: Callable[..., Any],
+    globalns: dict[str, Any] | None = None,
+    localns: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Resolve `fn`'s annotations (string ones with its module's globals, by default)."""
     raw = getattr(fn, "__annotations__", None) or {}
     if not any(isinstance(a, str) for a in raw.values()):
         return dict(raw)
-    globalns = getattr(fn, "__globals__", {})
-    return {k: resolve_annotation(a, globalns, {}) for k, a in raw.items()}
+    if globalns is None:
+        globalns = getattr(fn, "__globals__", {})
+    return {k: resolve_annotation(a, globalns, localns or {}) for k, a in raw.items()}

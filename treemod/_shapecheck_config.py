@@ -210,7 +210,7 @@ _VERIFIED: set[str] = set()
 
 def _probe(check: Callable[[str, Any, Any], str]) -> bool:
     """A known-good value passes and a known-bad one (mismatched dims in a tuple) is caught."""
-    annotation = tuple[Float[np.ndarray, "n"], Float[np.ndarray, "n"]]
+    annotation = tuple[Float[np.ndarray, "n"], Float[np.ndarray, "n"]]  # noqa: F821
     good = (np.zeros(2, np.float32), np.zeros(2, np.float32))
     bad = (np.zeros(2, np.float32), np.zeros(3, np.float32))
     results = []

@@ -34,7 +34,9 @@ def install_field_checker(checker: Callable[[Any, bool], None]) -> None:
     _field_checker[:] = [checker]
 
 
-def install_call_checker(checker: Callable[[Callable[..., Any], list[Any], tuple, dict], Any]) -> None:
+def install_call_checker(
+    checker: Callable[[Callable[..., Any], list[Any], tuple, dict], Any],
+) -> None:
     """Install the function that runs (and checks) calls of wrapped methods."""
     _call_checker[:] = [checker]
 
@@ -47,33 +49,54 @@ def check_module_fields(module: Any) -> None:
         _field_checker[0](module, constructing)
 
 
-def _needs_wrapping(name: str, fn: Any) -> bool:
+def _defining_namespaces() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The globals and locals of the code running the `class` statement (for string annotations).
+
+    Frame 0 is `install_class_checks`, 1 the metaclass's `__new__`; metaclass chains are skipped.
+    """
+    frame = sys._getframe(2)
+    while frame.f_code.co_name == "__new__" and frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_globals, frame.f_locals
+
+
+def _method_annotations(
+    name: str, fn: Any, globalns: dict[str, Any], localns: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The resolved annotations of a method to wrap; `None`: do not wrap.
+
+    An empty dict means "wrap, but resolve the annotations at the first call" (forward
+    references to names defined later).
+    """
     if not isinstance(fn, types.FunctionType) or not fn.__annotations__:
-        return False
+        return None
     if name.startswith("__") and name not in _CHECKED_DUNDERS:
-        return False
+        return None
     if getattr(fn, "__isabstractmethod__", False) or hasattr(fn, "__tm_shapecheck_state__"):
-        return False
+        return None
     try:
-        annotations = function_annotations(fn)
+        annotations = function_annotations(fn, globalns, localns)
     except UnresolvedAnnotation:
-        return True  # reported (or resolved) at the first call
+        return {}
     if any(a is None and isinstance(fn.__annotations__[k], str) for k, a in annotations.items()):
-        return True  # a forward reference: decide at the first call
-    return any(contains_jaxtyping(a) for a in annotations.values())
+        return {}
+    return annotations if any(contains_jaxtyping(a) for a in annotations.values()) else None
 
 
-def wrap_checked(fn: Callable[..., Any], force: bool = False) -> Callable[..., Any]:
+def wrap_checked(
+    fn: Callable[..., Any], force: bool = False, annotations: dict[str, Any] | None = None
+) -> Callable[..., Any]:
     """Wrap `fn` so that its calls go through the installed call checker.
 
-    The wrapper's `__tm_shapecheck_state__` is `[spec, force]`: `spec` is `None` until the
-    first call analyses the annotations, then the analysis (or `False`: nothing to check).
+    The wrapper's `__tm_shapecheck_state__` is `[spec, force, annotations]`: `spec` is `None`
+    until the first call analyses the annotations (resolved ones if given), then the analysis
+    (or `False`: nothing to check); `force` checks whatever the switch says.
     """
-    state: list[Any] = [None, force]
+    state: list[Any] = [None, force, annotations or None]
 
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if state[0] is False or not _call_checker:
+        if (state[0] is False and not force) or not _call_checker:
             return fn(*args, **kwargs)
         return _call_checker[0](fn, state, args, kwargs)
 
@@ -85,7 +108,9 @@ def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> N
     """Prepare a Module class body: read the `shapecheck=` class option, wrap annotated methods.
 
     Called by the metaclass before the class is created; it edits `namespace` and `kwargs`
-    in place.
+    in place. String annotations (`from __future__ import annotations`) are resolved here,
+    where the names of the defining scope are visible; those that cannot be (forward
+    references) are resolved later with the module's globals.
     """
     if "shapecheck" in kwargs:
         option = kwargs.pop("shapecheck")
@@ -96,6 +121,29 @@ def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> N
                 f"class), False (never) or None (follow the global switch), not {option!r}."
             )
         namespace["__tm_shapecheck__"] = option
+    raw = namespace.get("__annotations__", {})
+    strings = any(isinstance(a, str) for a in raw.values()) or any(
+        isinstance(a, str)
+        for v in namespace.values()
+        if isinstance(v, types.FunctionType)
+        for a in v.__annotations__.values()
+    )
+    globalns, localns = _defining_namespaces() if strings else ({}, {})
+    localns = {**localns, **namespace} if strings else {}
+    resolved = {}
+    for name, ann in raw.items():
+        if isinstance(ann, str):
+            try:
+                resolved[name] = eval(ann, globalns, localns)  # noqa: S307
+            except Exception:
+                continue  # a forward reference: resolved at the first check
+    if resolved:
+        namespace["__tm_field_annotations__"] = resolved
     for name, value in list(namespace.items()):
-        if _needs_wrapping(name, value):
-            namespace[name] = wrap_checked(value)
+        annotations = (
+            _method_annotations(name, value, globalns or value.__globals__, localns)
+            if isinstance(value, types.FunctionType)
+            else None
+        )
+        if annotations is not None:
+            namespace[name] = wrap_checked(value, annotations=annotations)
