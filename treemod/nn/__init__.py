@@ -6,6 +6,7 @@ name in `__all__`.
 
 # Layers, initialisers, containers, Stack.
 from . import init
+from ._attention import MultiheadAttention
 from ._conv import Conv, Conv1d, Conv2d, Conv3d
 from ._conv_transpose import ConvTranspose, ConvTranspose1d, ConvTranspose2d
 from ._dropout import Dropout
@@ -24,7 +25,9 @@ from ._pool import (
     MaxPool1d,
     MaxPool2d,
 )
+from ._rnn import GRUCell, LSTMCell
 from ._sequential import Lambda, Sequential
+from ._stack import Stack
 
 # isort: split
 
@@ -48,9 +51,11 @@ __all__: list[str] = [
     "ConvTranspose2d",
     "Dropout",
     "Embedding",
+    "GRUCell",
     "GroupNorm",
     "Identity",
     "KeySeq",
+    "LSTMCell",
     "Lambda",
     "LayerNorm",
     "Linear",
@@ -58,8 +63,10 @@ __all__: list[str] = [
     "MaxPool",
     "MaxPool1d",
     "MaxPool2d",
+    "MultiheadAttention",
     "RMSNorm",
     "Sequential",
+    "Stack",
     "init",
     "split_like",
     # BatchNorm and inference mode.

@@ -1,0 +1,217 @@
+"""`Stack`: N layers of identical structure, arrays stacked on a leading axis, run by `lax.scan`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+from jaxtyping import PRNGKeyArray
+
+from .._filters import combine, is_array, partition
+from .._module import Module, field
+from .._state import State, collect_state_updates, is_state, update_state
+from ._utils import accepts_key, require_key
+
+__all__ = ["Stack"]
+
+
+def _states(tree: Any) -> list[State]:
+    return [x for x in jtu.tree_leaves(tree, is_leaf=is_state) if isinstance(x, State)]
+
+
+class Stack(Module):
+    """`num_layers` layers of identical structure, applied in sequence with one `lax.scan`.
+
+    The layers' arrays are stacked on a new leading axis, so the scan body is traced and
+    compiled once, whatever the depth: compile time stays flat as the model deepens, where an
+    unrolled Python loop grows linearly. Build it from a function of a key; the key is split
+    once into `num_layers` keys, one per layer, and the function is traced once under
+    `jax.vmap` (so building is as cheap as building one layer):
+
+        stack = Stack(lambda k: Block(..., key=k), 48, key=key)
+
+    `stack[i]` is layer `i` as an ordinary module, `len(stack)` the depth, and
+    `Stack.from_layers([...])` stacks existing layers. Calls pass extra arguments to every
+    layer; a call `key` is split once into one key per layer (for dropout). Layers that record
+    state (`treemod.update_state`, e.g. BatchNorm) work under `treemod.stateful`: each layer's
+    new state is collected inside the scan and written back to the stacked `State` nodes.
+
+    Each layer must return an output of the structure, shapes and dtypes of its input (it is
+    the scan carry). Non-array leaves (activation functions, flags) are shared by all layers.
+
+    Arguments:
+        make_layer: a function from a PRNG key to one layer.
+        num_layers: the depth.
+        key: the PRNG key.
+        unroll: passed to `lax.scan` (layers per loop iteration).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> stack = nn.Stack(lambda k: nn.Linear(8, 8, key=k), 6, key=jax.random.key(0))
+        >>> stack.layers.weight.shape
+        (6, 8, 8)
+        >>> stack(jnp.ones((2, 8))).shape
+        (2, 8)
+        >>> len(stack), stack[0].weight.shape
+        (6, (8, 8))
+    """
+
+    layers: Any
+    num_layers: int = field(static=True)
+    unroll: int = field(static=True, default=1)
+
+    def __init__(
+        self,
+        make_layer: Callable[[PRNGKeyArray], Any],
+        num_layers: int,
+        *,
+        key: PRNGKeyArray,
+        unroll: int = 1,
+    ) -> None:
+        require_key("Stack", key)
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"Stack: `num_layers` must be a positive int; got {num_layers!r}.")
+        static_box: list[Any] = []
+
+        def make_arrays(k: PRNGKeyArray) -> Any:
+            arrays, static = partition(make_layer(k), is_array)
+            static_box.append(static)
+            return arrays
+
+        keys = jax.random.split(key, num_layers)
+        arrays = jax.vmap(make_arrays)(keys)
+        self.layers = combine(arrays, static_box[0])
+        self.num_layers = num_layers
+        self.unroll = unroll
+
+    @classmethod
+    def from_layers(cls, layers: Sequence[Any], *, unroll: int = 1) -> Stack:
+        """Stack existing layers of identical structure (same tree structure, shapes, dtypes).
+
+        Arguments:
+            layers: the layers, at least one.
+            unroll: passed to `lax.scan`.
+
+        Returns:
+            A `Stack`.
+
+        Example:
+            >>> import jax, treemod.nn as nn
+            >>> k1, k2 = jax.random.split(jax.random.key(0))
+            >>> stack = nn.Stack.from_layers([nn.Linear(4, 4, key=k1), nn.Linear(4, 4, key=k2)])
+            >>> stack.layers.weight.shape
+            (2, 4, 4)
+        """
+        layers = list(layers)
+        if not layers:
+            raise ValueError("Stack.from_layers needs at least one layer.")
+        parts = [partition(layer, is_array) for layer in layers]
+        first_arrays, static = parts[0]
+        struct = jtu.tree_structure(layers[0])
+        for i, (arrays, st) in enumerate(parts[1:], start=1):
+            if jtu.tree_structure(layers[i]) != struct:
+                raise ValueError(
+                    f"Stack.from_layers: layer {i} does not have the tree structure of layer 0; "
+                    "all layers must be of the same type and configuration."
+                )
+            for a, b in zip(jtu.tree_leaves(first_arrays), jtu.tree_leaves(arrays), strict=True):
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    raise ValueError(
+                        f"Stack.from_layers: layer {i} has an array {b.dtype}{list(b.shape)} "
+                        f"where layer 0 has {a.dtype}{list(a.shape)}."
+                    )
+            if jtu.tree_leaves(st) != jtu.tree_leaves(static):
+                raise ValueError(
+                    f"Stack.from_layers: layer {i} has non-array values (flags, floats) that "
+                    "differ from layer 0's; they must be equal, as the layers share them."
+                )
+        stacked = jtu.tree_map(lambda *xs: jnp.stack(xs), *[p[0] for p in parts])
+        return _template(cls, combine(stacked, static), len(layers), unroll)
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __getitem__(self, i: int) -> Any:
+        if not isinstance(i, int):
+            raise TypeError(f"Stack indices must be ints; got {type(i).__name__}.")
+        if not -self.num_layers <= i < self.num_layers:
+            raise IndexError(f"Stack index {i} out of range for {self.num_layers} layers.")
+        arrays, static = partition(self.layers, is_array)
+        return combine(jtu.tree_map(lambda a: a[i], arrays), static)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(self.num_layers))
+
+    def __call__(self, x: Any, *args: Any, key: PRNGKeyArray | None = None, **kwargs: Any) -> Any:
+        """Apply the layers in order: `x = layer_i(x, *args, key=key_i, **kwargs)`.
+
+        Arguments:
+            x: the input of the first layer (the scan carry).
+            *args: passed unchanged to every layer.
+            key: optional PRNG key, split once into one key per layer.
+            **kwargs: passed unchanged to every layer.
+
+        Returns:
+            The output of the last layer.
+        """
+        arrays, static = partition(self.layers, is_array)
+        takes_key = accepts_key(self.layers)
+        keys = None if key is None else jax.random.split(key, self.num_layers)
+        updated: list[int] = []
+
+        def body(carry: Any, xs: Any) -> tuple[Any, Any]:
+            layer_arrays, k = xs
+            layer = combine(layer_arrays, static)
+            if takes_key:
+                call = lambda: layer(carry, *args, key=k, **kwargs)  # noqa: E731
+            else:
+                call = lambda: layer(carry, *args, **kwargs)  # noqa: E731
+            out, updates = collect_state_updates(call)
+            states = _states(layer)
+            ids = {id(s): i for i, s in enumerate(states)}
+            for sid in updates:
+                if sid not in ids:
+                    raise ValueError(
+                        "Stack: a layer updated a State that is not its own; inside a Stack a "
+                        "layer may only update its own State fields."
+                    )
+            updated[:] = sorted(ids[sid] for sid in updates)
+            new_values = tuple(updates[id(states[i])][1] for i in updated)
+            _check_carry(carry, out)
+            return out, new_values
+
+        out, new_values = lax.scan(body, x, (arrays, keys), unroll=self.unroll)
+        if updated:
+            outer = _states(self.layers)
+            for i, value in zip(updated, new_values, strict=True):
+                update_state(outer[i], value)
+        return out
+
+
+def _check_carry(x: Any, out: Any) -> None:
+    sx = jtu.tree_structure(x)
+    so = jtu.tree_structure(out)
+    same = sx == so and all(
+        jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
+        for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(out), strict=True)
+    )
+    if not same:
+
+        def describe(t: Any) -> str:
+            return str(jtu.tree_map(lambda a: f"{jnp.result_type(a)}{list(jnp.shape(a))}", t))
+
+        raise ValueError(
+            "Stack: each layer must return an output with the structure, shape and dtype of "
+            f"its input (it is the scan carry); the layer maps {describe(x)} to "
+            f"{describe(out)}."
+        )
+
+
+def _template(cls: type, layers: Any, num_layers: int, unroll: int) -> Any:
+    obj = object.__new__(cls)
+    obj.__dict__.update(layers=layers, num_layers=num_layers, unroll=unroll)
+    return obj
