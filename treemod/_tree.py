@@ -29,6 +29,12 @@ def _one_level(node: Any) -> tuple[list[Any], Any]:
     return jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
 
 
+def _one_level_keys(node: Any) -> tuple[list[str], list[Any], Any]:
+    """Like `_one_level`, with each child's key as a string (`.weight`, `[0]`, `['a']`)."""
+    pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    return [jtu.keystr(p) for p, _ in pairs], [c for _, c in pairs], treedef
+
+
 def _static_owner(node: Any) -> dict[int, str]:
     """Map ids of static-field values of a module to 'Class.field', for error messages."""
     names = getattr(type(node), "__tm_static_fields__", ())
@@ -69,22 +75,29 @@ def tree_at(
         raise ValueError("tree_at: pass exactly one of `replace` and `replace_fn`.")
 
     positions: dict[int, tuple[int, ...]] = {}
+    paths: dict[tuple[int, ...], str] = {}
     statics: dict[int, str] = {}
 
-    def mark(node: Any, pos: tuple[int, ...]) -> Any:
+    def mark(node: Any, pos: tuple[int, ...], path: str) -> Any:
+        paths[pos] = path
         if is_leaf is not None and is_leaf(node):
             marked: Any = _Marker()
         else:
-            children, treedef = _one_level(node)
-            if node is None or (treedef.num_nodes == 1 and treedef.num_leaves == 1):
+            keys, children, treedef = _one_level_keys(node)
+            if (
+                node is None
+                or (treedef.num_nodes == 1 and treedef.num_leaves == 1)
+                or (type(node) is tuple and not node)  # `()` is a singleton: no unique id
+            ):
                 marked = _Marker()
             else:
                 statics.update(_static_owner(node))
-                marked = treedef.unflatten([mark(c, pos + (i,)) for i, c in enumerate(children)])
+                pairs = enumerate(zip(keys, children, strict=True))
+                marked = treedef.unflatten([mark(c, pos + (i,), path + k) for i, (k, c) in pairs])
         positions[id(marked)] = pos
         return marked
 
-    marked_tree = mark(pytree, ())
+    marked_tree = mark(pytree, (), "")
     selected = where(marked_tree)
     if id(selected) in positions:
         nodes, single = [selected], True
@@ -124,7 +137,12 @@ def tree_at(
     for i, t in enumerate(targets):
         for other in chosen:
             if t != other and (t[: len(other)] == other or other[: len(t)] == t):
-                raise ValueError("tree_at: `where` selected two nodes, one inside the other.")
+                outer, inner = (other, t) if len(other) < len(t) else (t, other)
+                raise ValueError(
+                    f"tree_at: `where` selected two nodes, one inside the other: "
+                    f"{paths[outer] or 'the whole tree'} contains {paths[inner]}. Select only "
+                    "one of them."
+                )
         chosen[t] = i
     prefixes = {t[:k] for t in targets for k in range(len(t))}
 
@@ -136,7 +154,8 @@ def tree_at(
             return node
         children, treedef = _one_level(node)
         new = treedef.unflatten([rebuild(c, pos + (i,)) for i, c in enumerate(children)])
-        check_module_fields(new)
+        if hasattr(type(new), "__tm_static_fields__"):  # a Module: let shape checks see it
+            check_module_fields(new)
         return new
 
     return rebuild(pytree, ())
