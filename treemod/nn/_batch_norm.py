@@ -16,6 +16,14 @@ from .._state import State, in_stateful_call, update_state
 __all__ = ["BatchNorm"]
 
 
+def _compute_dtype(x_dtype: Any, state_dtype: Any) -> Any:
+    """The float dtype to compute in: the wider of the two (float32 at least when they differ)."""
+    if not jnp.issubdtype(x_dtype, jnp.floating) or x_dtype == state_dtype:
+        return state_dtype
+    bits = 8 * max(jnp.dtype(x_dtype).itemsize, jnp.dtype(state_dtype).itemsize, 4)
+    return jnp.dtype(f"float{bits}")
+
+
 class BatchNorm(Module):
     """Batch normalisation (Ioffe and Szegedy, 2015) with running statistics kept in the model.
 
@@ -176,7 +184,8 @@ class BatchNorm(Module):
         if x.ndim <= channel_axis or x.shape[channel_axis] != self.input_size:
             raise self._layout_error(x)
         state_dtype = self.running_mean.value.dtype
-        compute = jnp.promote_types(x.dtype, state_dtype)
+        compute = _compute_dtype(x.dtype, state_dtype)
+        out_dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else compute
         xc = x.astype(compute)
         axes = tuple(i for i in range(x.ndim) if i != channel_axis)
         if inference:
@@ -206,7 +215,7 @@ class BatchNorm(Module):
         y = (xc - mean.reshape(shape)) * scale.reshape(shape)
         if self.bias is not None:
             y = y + self.bias.astype(compute).reshape(shape)
-        return y.astype(x.dtype)
+        return y.astype(out_dtype)
 
     def _batch_statistics(self, x: jax.Array, axes: tuple[int, ...]) -> tuple[Any, Any, Any]:
         """Per-channel mean and biased variance over `axes` (and `axis_name`), and the count."""

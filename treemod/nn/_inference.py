@@ -25,7 +25,7 @@ def _switch(node: Any, value: bool) -> Any:
     """`node` (a module with an `inference` field) with its subtrees switched and its flag set."""
     children, treedef = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     children = [_switch_tree(c, value) for c in children]
-    new = treedef.unflatten(children)
+    new = jtu.tree_unflatten(treedef, children)
     if new.inference is not value:
         # Copy without calling `__init__` (as unflattening does), with the one field changed.
         copy = object.__new__(type(new))
