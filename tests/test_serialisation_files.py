@@ -60,10 +60,10 @@ def _error(tmp_path: pathlib.Path, raw: bytes, **kwargs) -> str:
 
 def _rehash(header: dict) -> dict:
     """Recompute the header checksum, as a forger (or a buggy writer) would."""
-    from treemod._safetensors import _header_digest
+    from treemod._safetensors import header_digest
 
     table = {k: v for k, v in header.items() if k != "__metadata__"}
-    header["__metadata__"]["treemod.header_sha256"] = _header_digest(table, header["__metadata__"])
+    header["__metadata__"]["treemod.header_sha256"] = header_digest(table, header["__metadata__"])
     return header
 
 

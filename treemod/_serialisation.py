@@ -18,7 +18,8 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._filters import is_array
-from ._safetensors import DTYPES, CheckpointError, Reader, open_checkpoint, write_checkpoint
+from ._safetensors import DTYPES, CheckpointError, write_checkpoint
+from ._safetensors_read import Reader, open_checkpoint
 from ._tree import tree_at
 
 __all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
