@@ -72,6 +72,11 @@ class _CallSpec:
     bind_fields: bool  # bind the dimensions of `self`'s fields first (not in `__init__`)
 
 
+def _name(obj: Any) -> str:
+    """A class's or function's qualified name without the `f.<locals>.` prefix."""
+    return str(getattr(obj, "__qualname__", obj)).rsplit("<locals>.", 1)[-1]
+
+
 def _entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
     return _Entry(name, annotation, format_annotation(annotation), dim_names(annotation), kind)
 
@@ -108,7 +113,7 @@ def field_spec(cls: type) -> tuple[_Entry, ...]:
                 try:
                     annotation = resolve_annotation(annotation, globalns, dict(vars(owner)))
                 except UnresolvedAnnotation as e:
-                    raise _unresolved(f"field {cls.__qualname__}.{f.name}", f.type, e) from None
+                    raise _unresolved(f"field {_name(cls)}.{f.name}", f.type, e) from None
         if contains_jaxtyping(annotation):
             entries.append(_entry(f.name, annotation))
     spec = tuple(entries)
@@ -121,7 +126,7 @@ def _analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) ->
         try:
             annotations = function_annotations(fn)
         except UnresolvedAnnotation as e:
-            raise _unresolved(f"{fn.__qualname__}", fn.__annotations__, e) from None
+            raise _unresolved(_name(fn), fn.__annotations__, e) from None
     signature = inspect.signature(fn)
     params = tuple(
         _entry(name, annotations[name], p.kind)
@@ -207,7 +212,7 @@ def _is_placeholder(value: Any) -> bool:
 def _check_fields_into(
     module: Any, spec: tuple[_Entry, ...], binders: dict, checker: str, strict: bool, suffix: str
 ) -> None:
-    owner = type(module).__qualname__
+    owner = _name(type(module))
     values = module.__dict__
     for entry in spec:
         value = values.get(entry.name)
@@ -263,7 +268,7 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
             bound = spec.signature.bind(*args, **kwargs)
         except TypeError:
             return fn(*args, **kwargs)  # let Python report the bad call
-        where = f"{owner.__qualname__}.{fn.__name__}" if owner is not None else fn.__qualname__
+        where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
         binders: dict[str, str] = {}
         push_shape_memo(bound.arguments)
         try:
