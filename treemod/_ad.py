@@ -26,7 +26,7 @@ class _GradWrapper:
         self._has_aux = has_aux
         self._value = value
         if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun)
+            functools.update_wrapper(self, fun, updated=())
         else:
             self.__wrapped__ = fun
 

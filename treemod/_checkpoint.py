@@ -22,7 +22,7 @@ class _CheckpointWrapper:
         self._prevent_cse = prevent_cse
         self._policy = policy
         if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun)
+            functools.update_wrapper(self, fun, updated=())
         else:
             self.__wrapped__ = fun
 

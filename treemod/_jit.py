@@ -90,7 +90,7 @@ class _JitWrapper:
         self._traces = _traces_for(target, donate, explain_retraces)
         self._cache = self._traces.cache
         if isinstance(fn, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fn)
+            functools.update_wrapper(self, fn, updated=())
         else:
             self.__wrapped__ = fn
 

@@ -103,7 +103,7 @@ class _VmapWrapper:
         self._axis_size = axis_size
         self._name = function_name(fun)
         if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun)
+            functools.update_wrapper(self, fun, updated=())
         else:
             self.__wrapped__ = fun
 
