@@ -16,37 +16,56 @@ __all__ = ["tree_pformat", "tree_summary"]
 _MAX_ITEMS = 12
 
 
+def _is_arraylike_leaf(x: Any) -> bool:
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
 def _array_doc(x: Any) -> wl.AbstractDoc:
     return wl.array_summary(x.shape, np.dtype(x.dtype).name, kind=None)
 
 
-def _custom(max_items: int) -> Any:
+def _custom(max_items: int, indent: int) -> Any:
+    """The `custom` hook for wadler_lindig: array summaries, and long containers elided."""
+
+    def pdoc(obj: Any) -> wl.AbstractDoc:
+        return wl.pdoc(obj, custom=custom, short_arrays=True, indent=indent)
+
+    def more(n: int) -> wl.AbstractDoc:
+        return wl.TextDoc(f"... {n} more ...")
+
     def custom(obj: Any) -> wl.AbstractDoc | None:
-        if is_array(obj) or isinstance(obj, jax.ShapeDtypeStruct):
+        if _is_arraylike_leaf(obj):
             return _array_doc(obj)
-        if isinstance(obj, list | tuple) and len(obj) > max_items:
-            head = [wl.pdoc(o, custom=custom, short_arrays=True) for o in obj[: max_items - 2]]
-            more = wl.TextDoc(f"... {len(obj) - max_items + 2} more ...")
+        if isinstance(obj, list | tuple) and len(obj) > max_items and not hasattr(obj, "_fields"):
+            docs = [pdoc(o) for o in obj[: max_items - 2]] + [more(len(obj) - max_items + 2)]
             open_, close = ("[", "]") if isinstance(obj, list) else ("(", ")")
-            return wl.bracketed(
-                begin=wl.TextDoc(open_),
-                docs=[*head, more],
-                sep=wl.comma,
-                end=wl.TextDoc(close),
-                indent=2,
-            )
-        return None
+        elif isinstance(obj, dict) and len(obj) > max_items:
+            items = list(obj.items())[: max_items - 2]
+            docs = [pdoc(k) + wl.TextDoc(":") + wl.BreakDoc(" ") + pdoc(v) for k, v in items]
+            docs.append(more(len(obj) - max_items + 2))
+            open_, close = "{", "}"
+        else:
+            return None
+        return wl.bracketed(
+            begin=wl.TextDoc(open_), docs=docs, sep=wl.comma, end=wl.TextDoc(close), indent=indent
+        )
 
     return custom
 
 
-def tree_pformat(pytree: Any, *, width: int = 88, max_items: int = _MAX_ITEMS) -> str:
-    """Format a pytree readably: arrays as `f32[64,32]`, nesting indented, long lists elided.
+def tree_pformat(
+    pytree: Any, *, width: int = 88, indent: int = 2, max_items: int = _MAX_ITEMS
+) -> str:
+    """Format a pytree readably: arrays as `f32[64,32]`, nesting indented, long containers elided.
 
     Arguments:
-        pytree: anything; modules print as `ClassName(field=..., ...)`.
+        pytree: anything; modules print as `ClassName(field=...)` (fields left at their
+            default value are not shown).
         width: the line width to fit.
-        max_items: lists and tuples longer than this show their first items and a count.
+        indent: how far each nesting level is indented.
+        max_items: lists, tuples and dicts longer than this show their first `max_items - 2`
+            entries and a count of the rest, so that a model with a thousand layers prints in
+            a screenful.
 
     Returns:
         The formatted string (this is also what `repr(module)` gives).
@@ -55,44 +74,106 @@ def tree_pformat(pytree: Any, *, width: int = 88, max_items: int = _MAX_ITEMS) -
         >>> import jax.numpy as jnp, treemod as tm
         >>> print(tm.tree_pformat({"w": jnp.zeros((64, 32)), "n": 3}))
         {'w': f32[64,32], 'n': 3}
+        >>> print(tm.tree_pformat(list(range(100)), max_items=4))
+        [0, 1, ... 98 more ...]
     """
-    return wl.pformat(pytree, width=width, custom=_custom(max_items), short_arrays=True)
+    if max_items < 3:
+        raise ValueError(f"tree_pformat: max_items must be at least 3, got {max_items}.")
+    custom = _custom(max_items, indent)
+    return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=True)
 
 
-def _nbytes(x: Any) -> int:
-    return int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+def _is_module(x: Any) -> bool:
+    return hasattr(type(x), "__tm_static_fields__")
 
 
-def tree_summary(pytree: Any, *, depth: int = 1) -> str:
+def _children(node: Any) -> list[tuple[str, Any]]:
+    """The immediate children of `node` with their keys; `[]` for a leaf or an empty node."""
+    pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if jtu.treedef_is_leaf(treedef) or not pairs:  # a leaf, or None / an empty container
+        return []
+    return [(jtu.keystr(path), child) for path, child in pairs]
+
+
+def _type_name(node: Any) -> str:
+    if _is_arraylike_leaf(node):
+        return wl.pformat(_array_doc(node))
+    if isinstance(node, list | tuple | dict) and not _is_module(node):
+        return f"{type(node).__name__}[{len(node)}]"
+    return type(node).__name__
+
+
+def _count(node: Any) -> tuple[int, int]:
+    count = nbytes = 0
+    for leaf in jtu.tree_leaves(node):
+        if _is_arraylike_leaf(leaf):
+            n = int(np.prod(leaf.shape, dtype=np.int64))
+            count += n
+            nbytes += n * np.dtype(leaf.dtype).itemsize
+    return count, nbytes
+
+
+def _rows(
+    node: Any, path: str, level: int, depth: int | None, rows: list[tuple[str, str, int, int]]
+) -> None:
+    """Append the rows for `node` at `path`; `level` is how many levels `path` has used."""
+    children = _children(node)
+    module = _is_module(node)
+    # A container of modules (a list of layers) is no level of its own: `.layers[0]` is one.
+    transparent = not module and any(_is_module(c) for _, c in children)
+    at_depth = depth is not None and level >= depth and not transparent
+    if not children or at_depth:
+        count, nbytes = _count(node)
+        if count or module:
+            rows.append((path or "(root)", _type_name(node), count, nbytes))
+        return
+    step = 0 if transparent and path else 1
+    for key, child in children:
+        _rows(child, path + key, level + step, depth, rows)
+
+
+def tree_summary(pytree: Any, *, depth: int | None = 1) -> str:
     """A table of array-parameter counts and bytes per submodule, with a total.
 
+    Rows group the arrays under each path `depth` levels below the root. A list (or tuple or
+    dict) of modules is not a level of its own, so a model with `layers: list` gets one row per
+    layer (`.layers[0]`, `.layers[1]`, ...). Arrays directly on a module get their own row.
+
     Arguments:
-        pytree: a model (or any pytree of arrays).
-        depth: how many levels of key paths to group by.
+        pytree: a model (or any pytree of arrays; `jax.ShapeDtypeStruct` leaves count too, so
+            `tree_summary(jax.eval_shape(make_model))` sizes a model without allocating it).
+        depth: how many levels to group by (`None`: one row per array).
 
     Returns:
-        The table as a string.
+        The table as a string: path, type (class, container or `f32[shape]`), parameter
+        count and bytes.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
-        >>> print(tm.tree_summary({"a": jnp.zeros((2, 3)), "b": jnp.zeros(4)}))
-        path     params  bytes
-        ['a']         6     24
-        ['b']         4     16
-        total        10     40
+        >>> class Linear(tm.Module):
+        ...     weight: jnp.ndarray
+        ...     bias: jnp.ndarray
+        >>> class MLP(tm.Module):
+        ...     layers: list
+        ...     scale: jnp.ndarray
+        >>> mlp = MLP([Linear(jnp.zeros((8, 2)), jnp.zeros(8)),
+        ...            Linear(jnp.zeros((1, 8)), jnp.zeros(1))], jnp.ones(()))
+        >>> print(tm.tree_summary(mlp))
+        path        type    params  bytes
+        .layers[0]  Linear      24     96
+        .layers[1]  Linear       9     36
+        .scale      f32[]        1      4
+        total                   34    136
     """
-    rows: dict[str, list[int]] = {}
-    for path, leaf in jtu.tree_flatten_with_path(pytree)[0]:
-        if not (is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)):
-            continue
-        name = jtu.keystr(tuple(path[:depth])) or "(root)"
-        count = int(np.prod(leaf.shape, dtype=np.int64))
-        row = rows.setdefault(name, [0, 0])
-        row[0] += count
-        row[1] += _nbytes(leaf)
-    total = [sum(r[0] for r in rows.values()), sum(r[1] for r in rows.values())]
-    table = [("path", "params", "bytes")]
-    table += [(k, str(v[0]), str(v[1])) for k, v in rows.items()]
-    table.append(("total", str(total[0]), str(total[1])))
-    w = [max(len(r[i]) for r in table) for i in range(3)]
-    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}".rstrip() for r in table)
+    if depth is not None and depth < 0:
+        raise ValueError(f"tree_summary: depth must be >= 0 or None, got {depth}.")
+    rows: list[tuple[str, str, int, int]] = []
+    _rows(pytree, "", 0, depth, rows)
+    total = sum(r[2] for r in rows), sum(r[3] for r in rows)
+    table = [("path", "type", "params", "bytes")]
+    table += [(p, t, str(c), str(b)) for p, t, c, b in rows]
+    table.append(("total", "", str(total[0]), str(total[1])))
+    w = [max(len(r[i]) for r in table) for i in range(4)]
+    return "\n".join(
+        f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}".rstrip() for r in table
+    )
