@@ -498,3 +498,40 @@ def test_saving_to_a_path_leaves_no_temporary_files(tmp_path: pathlib.Path) -> N
     tm.save(str(tmp_path / "a.safetensors"), {"w": jnp.ones(3)})
     assert os.listdir(tmp_path) == ["a.safetensors"]
     assert tm.load(tmp_path / "a.safetensors", {"w": jnp.ones(3)})["w"].shape == (3,)
+
+
+def test_big_endian_numpy_arrays_are_stored_little_endian() -> None:
+    x = np.arange(4, dtype=">f4")
+    buf = _saved({"x": x})
+    assert np.arange(4, dtype="<f4").tobytes() in buf.getvalue()
+    out = tm.load(buf, {"x": np.zeros(4, ">f4")})
+    np.testing.assert_array_equal(out["x"], x)
+
+
+def test_several_checkpoints_and_other_data_in_one_stream() -> None:
+    # Equinox's pattern: a JSON line of hyperparameters, then the model, in one file.
+    buf = io.BytesIO()
+    buf.write(b'{"width": 3}\n')
+    tm.save(buf, {"w": jnp.ones(3)})
+    tm.save(buf, {"w": jnp.full(2, 2.0)})
+    buf.seek(0)
+    assert buf.readline() == b'{"width": 3}\n'
+    first = tm.load(buf, {"w": jnp.zeros(3)})
+    second = tm.load(buf, {"w": jnp.zeros(2)})
+    assert float(first["w"].sum()) == 3.0 and float(second["w"].sum()) == 4.0
+    assert buf.read() == b""
+
+
+def test_save_needs_an_existing_directory_and_a_seekable_file(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError, match="directory .*missing' does not exist.*makedirs"):
+        tm.save(tmp_path / "missing" / "c.safetensors", {"w": jnp.ones(1)})
+
+    class Pipe(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def seekable(self) -> bool:
+            return False
+
+    with pytest.raises(TypeError, match="must be seekable"):
+        tm.save(Pipe(), {"w": jnp.ones(1)})

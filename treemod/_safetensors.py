@@ -185,7 +185,9 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     start = f.tell()
     f.write(struct.pack("<Q", len(header)))
     f.write(header)
-    for name, array, *_ in entries:
+    for i, (name, array, *_) in enumerate(entries):
+        if i + 1 < len(entries) and hasattr(entries[i + 1][1], "copy_to_host_async"):
+            entries[i + 1][1].copy_to_host_async()  # overlap the next transfer with this write
         data = _host_bytes(array)
         f.write(data)
         digests[name] = hashlib.sha256(data).hexdigest()
@@ -224,11 +226,21 @@ def write_checkpoint(
                 f"save: expected a path or a binary file opened for writing, got "
                 f"{type(target).__name__}."
             )
+        if hasattr(target, "seekable") and not target.seekable():
+            raise TypeError(
+                "save: the file must be seekable (the checksums are written into the header "
+                "last); save to a path or an io.BytesIO and copy that instead."
+            )
         _write(target, tensors, metadata)
         return
     path = os.fspath(target)
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"save: cannot write '{path}': the directory '{directory}' does not exist. Create it "
+            "first (os.makedirs(directory, exist_ok=True))."
+        )
     while True:
         tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
         try:

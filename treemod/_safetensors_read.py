@@ -231,4 +231,8 @@ def open_checkpoint(source: str | os.PathLike | IO[bytes], allow_foreign: bool) 
                 f"load: expected a path or a binary file opened for reading, got "
                 f"{type(source).__name__}."
             )
-        yield Reader(source, label, whole_file=False, allow_foreign=allow_foreign)
+        reader = Reader(source, label, whole_file=False, allow_foreign=allow_foreign)
+        yield reader
+        # Leave the file just after the checkpoint, so that several can be read in turn.
+        end = max((t.end for t in reader.tensors.values()), default=0)
+        source.seek(reader.data_start + end)

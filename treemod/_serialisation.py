@@ -166,7 +166,7 @@ def _check(
         if kind == "array":
             if info is not None:
                 bad_shape = tuple(info.shape) != tuple(leaf.shape)
-                bad_dtype = info.dtype != np.dtype(leaf.dtype)
+                bad_dtype = info.dtype.name != np.dtype(leaf.dtype).name  # byte order aside
                 if bad_shape or bad_dtype:
                     what = " and ".join(
                         w for w, b in (("shape", bad_shape), ("dtype", bad_dtype)) if b
