@@ -166,7 +166,9 @@ def test_second_update_of_the_same_state_is_an_error() -> None:
         def __call__(self, x):
             return self.counter(self.counter(x))
 
-    with pytest.raises(RuntimeError, match=r"State \(int32\[\]\) was already updated.*applied twice"):
+    with pytest.raises(
+        RuntimeError, match=r"State \(int32\[\]\) was already updated.*applied twice"
+    ):
         tm.stateful(Twice(_counter()))(1.0)
 
 
@@ -189,7 +191,7 @@ def test_update_of_a_state_outside_the_model_is_an_error() -> None:
         (lambda f: jax.jit(f), (3,)),
         (lambda f: jax.vmap(f), ()),
         (lambda f: jax.checkpoint(f), (3,)),
-        (lambda f: (lambda x: jax.lax.scan(lambda c, xi: (c, f(xi)), 0, x)[1]), ()),
+        (lambda f: lambda x: jax.lax.scan(lambda c, xi: (c, f(xi)), 0, x)[1], ()),
     ],
     ids=["jit", "vmap", "checkpoint", "scan"],
 )
