@@ -179,7 +179,7 @@ def test_donate_warn_lets_jax_warn() -> None:
 def test_donation_keeps_a_module_function_with_except_first() -> None:
     model = _linear()
     x, y = jnp.ones(3), jnp.ones(3)
-    f = tm.filter_jit(lambda m, x, y: m(x) + y, donate="all-except-first")
+    f = tm.filter_jit(lambda m, x, y: (m(x), y + 1), donate="all-except-first")
     f(model, x, y)
     assert not model.weight.is_deleted() and x.is_deleted() and y.is_deleted()
     x, y = jnp.ones(3), jnp.ones(3)
