@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import functools
 import pickle
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -439,6 +440,48 @@ def test_abstract_var_under_future_annotations() -> None:
     with pytest.raises(TypeError, match=r"A: it does not provide abstract attributes .* x, y"):
         namespace["A"]()
     assert namespace["B"](1).x == 1
+
+
+class Codec(tm.Module):
+    extension: tm.AbstractClassVar[str]
+
+
+def test_abstract_class_var() -> None:
+    class Json(Codec):
+        extension: ClassVar[str] = ".json"
+
+    class Plain(Codec):
+        extension = ".txt"
+
+    assert Json().extension == ".json" and Plain().extension == ".txt"
+    assert jtu.tree_leaves(Json()) == [] and dataclasses.fields(Json) == ()
+    with pytest.raises(TypeError, match=r"Codec: .*\(AbstractClassVar\) extension\."):
+        Codec()
+
+    class StillAbstract(Codec):
+        pass
+
+    with pytest.raises(TypeError, match=r"StillAbstract: .*\(AbstractClassVar\) extension"):
+        StillAbstract()
+    with pytest.raises(TypeError, match=r"AsField\.extension is declared as an AbstractClassVar"):
+
+        class AsField(Codec):
+            extension: str = ".bin"
+
+    namespace: dict = {"__name__": __name__}  # dataclasses resolves "ClassVar" in this module
+    exec(
+        "from __future__ import annotations\n"
+        "from typing import ClassVar\n"
+        "import treemod as tm\n"
+        "class A(tm.Module):\n"
+        "    x: tm.AbstractClassVar[int]\n"
+        "class B(A):\n"
+        "    x: ClassVar[int] = 2\n",
+        namespace,
+    )
+    assert namespace["B"]().x == 2
+    with pytest.raises(TypeError, match=r"\(AbstractClassVar\) x"):
+        namespace["A"]()
 
 
 # --- 6. equality and hashing --------------------------------------------------------------------

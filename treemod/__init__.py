@@ -10,7 +10,7 @@ from ._pretty import tree_pformat, tree_summary
 from ._tree import apply_updates, tree_at, tree_equal
 
 # The Module core.
-from ._module import AbstractVar, FrozenModuleError, Module, field
+from ._module import AbstractClassVar, AbstractVar, FrozenModuleError, Module, field
 
 # State.
 from ._state import State, is_param, is_state, stateful, update_state
@@ -54,6 +54,7 @@ __all__ = [
     "tree_pformat",
     "tree_summary",
     # The Module core.
+    "AbstractClassVar",
     "AbstractVar",
     "FrozenModuleError",
     "Module",

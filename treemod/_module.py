@@ -1,4 +1,4 @@
-"""`Module`: a frozen dataclass that is a JAX pytree, and `field`, `AbstractVar`, `static_field`."""
+"""`Module`: a frozen dataclass that is a JAX pytree; `field`, `AbstractVar`, `AbstractClassVar`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ._pretty import tree_pformat
 from ._shapecheck_hook import check_module_fields, install_class_checks
 from ._tree import tree_equal
 
-__all__ = ["Module", "field", "AbstractVar", "FrozenModuleError"]
+__all__ = ["Module", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
 
 _T = TypeVar("_T")
 
@@ -85,6 +85,7 @@ def field(
 
 if TYPE_CHECKING:
     AbstractVar = ClassVar  # type checkers see an attribute declaration
+    AbstractClassVar = ClassVar
 else:
 
     class AbstractVar(Generic[_T]):
@@ -104,14 +105,40 @@ else:
             3
         """
 
+    class AbstractClassVar(Generic[_T]):
+        """Declare a class variable that concrete subclasses must provide.
+
+        `x: AbstractClassVar[int]` means every instantiable subclass defines `x` as a class
+        variable (`x: ClassVar[int] = 3`, or a plain class attribute); providing it as a
+        dataclass field is an error at class creation. A subclass that does not provide it is
+        abstract: building it raises `TypeError` naming the missing attribute.
+
+        Example:
+            >>> from typing import ClassVar
+            >>> import treemod as tm
+            >>> class Codec(tm.Module):
+            ...     extension: tm.AbstractClassVar[str]
+            >>> class Json(Codec):
+            ...     extension: ClassVar[str] = ".json"
+            >>> Json().extension
+            '.json'
+        """
+
 
 _ABSTRACT_VAR = re.compile(r"(^|\.)AbstractVar\[")
+_ABSTRACT_CLASS_VAR = re.compile(r"(^|\.)AbstractClassVar\[")
 
 
-def _is_abstract_var(annotation: Any) -> bool:
+def _abstract_kind(annotation: Any) -> str | None:
+    """ "var" for `AbstractVar[...]`, "classvar" for `AbstractClassVar[...]`, else None."""
     if isinstance(annotation, str):
-        return bool(_ABSTRACT_VAR.search(annotation))
-    return getattr(annotation, "__origin__", None) is AbstractVar
+        if _ABSTRACT_VAR.search(annotation):
+            return "var"
+        return "classvar" if _ABSTRACT_CLASS_VAR.search(annotation) else None
+    origin = getattr(annotation, "__origin__", None)
+    if origin is AbstractVar:
+        return "var"
+    return "classvar" if origin is AbstractClassVar else None
 
 
 def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
@@ -159,7 +186,9 @@ class _ModuleMeta(abc.ABCMeta):
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
         install_class_checks(namespace, kwargs)  # shape checks: `shapecheck=`, wrap methods
         annotations = dict(namespace.get("__annotations__", {}))
-        own_abstract = {k for k, v in annotations.items() if _is_abstract_var(v)}
+        kinds = {k: _abstract_kind(v) for k, v in annotations.items()}
+        own_abstract = {k for k, kind in kinds.items() if kind is not None}
+        own_class_vars = {k for k, kind in kinds.items() if kind == "classvar"}
         for k in own_abstract:
             del annotations[k]
         namespace["__annotations__"] = annotations
@@ -173,10 +202,18 @@ class _ModuleMeta(abc.ABCMeta):
         # Abstract variables stay abstract until a field, class attribute or property provides
         # them, here or in any base (so diamonds resolve as attribute lookup does).
         inherited = set().union(*(getattr(b, "__tm_abstract_vars__", set()) for b in bases))
+        class_vars = own_class_vars.union(
+            *(getattr(b, "__tm_abstract_class_vars__", set()) for b in bases)
+        )
+        field_names = {f.name for f in dataclasses.fields(cls)}  # ClassVars excluded
+        for n in class_vars & field_names:
+            raise TypeError(
+                f"{cls.__qualname__}.{n} is declared as an AbstractClassVar by a base class, "
+                f"so provide it as a class variable (`{n}: ClassVar[...] = value`), not a field."
+            )
+        cls.__tm_abstract_class_vars__ = frozenset(class_vars)
         cls.__tm_abstract_vars__ = frozenset(
-            n
-            for n in inherited | own_abstract
-            if n not in cls.__dataclass_fields__ and not hasattr(cls, n)
+            n for n in inherited | own_abstract if n not in field_names and not hasattr(cls, n)
         )
 
         fields = dataclasses.fields(cls)
@@ -210,9 +247,13 @@ class _ModuleMeta(abc.ABCMeta):
 
 def _raise_abstract(cls: Any) -> None:
     parts = []
-    if cls.__tm_abstract_vars__:
-        names = ", ".join(sorted(cls.__tm_abstract_vars__))
-        parts.append(f"abstract attributes (AbstractVar) {names}")
+    missing = cls.__tm_abstract_vars__ - cls.__tm_abstract_class_vars__
+    missing_class_vars = cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__
+    if missing:
+        parts.append(f"abstract attributes (AbstractVar) {', '.join(sorted(missing))}")
+    if missing_class_vars:
+        names = ", ".join(sorted(missing_class_vars))
+        parts.append(f"abstract class variables (AbstractClassVar) {names}")
     if cls.__abstractmethods__:
         parts.append(f"abstract methods {', '.join(sorted(cls.__abstractmethods__))}")
     raise TypeError(
