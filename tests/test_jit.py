@@ -226,5 +226,3 @@ def test_decorator_with_options_and_metadata() -> None:
 
     assert my_step.__name__ == "my_step" and my_step.__doc__ == "Doc."
     assert repr(my_step) == "filter_jit(my_step)"
-
-

@@ -54,11 +54,18 @@ def describe_aval(aval: tuple[tuple[int, ...], Any, bool]) -> str:
     return text + " (weak type)" if weak else text
 
 
+def short_repr(value: Any) -> str:
+    """`repr`, shortened, with functions shown by name."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if callable(value) and isinstance(name, str) and not isinstance(value, type):
+        text = f"<function {name}>"
+    else:
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _describe_static(value: Any) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"static value {text}"
+    return f"static value {short_repr(value)}"
 
 
 def _leaf_descriptions(mask: Sequence[bool], static: Sequence[Any], avals: Sequence[Any]) -> list:
@@ -95,7 +102,7 @@ def _leaf_change(old: tuple[str, Any], new: tuple[str, Any]) -> str | None:
     if old[0] == "static" and new[0] == "static":
         if _same_static(old[1], new[1]):
             return None
-        text = f"{_describe_static(old[1])} -> {repr(new[1])[:60]}"
+        text = f"{_describe_static(old[1])} -> {short_repr(new[1])}"
         if type(old[1]) is not type(new[1]):
             text += f" (type {type(old[1]).__name__} -> {type(new[1]).__name__})"
         return text
@@ -141,14 +148,14 @@ def _structure_diff(a: Any, b: Any, path: tuple, fn_label: str, out: list[str]) 
                 if not _same_static(x, y):
                     out.append(
                         f"{where}.{name}: static field {cls.__qualname__}.{name} "
-                        f"{repr(x)[:60]} -> {repr(y)[:60]}"
+                        f"{short_repr(x)} -> {short_repr(y)}"
                     )
-            return
-        if cls is dict:
+        elif cls is dict:
             out.append(f"{where}: dict keys {list(aux_a)} -> {list(aux_b)}")
             return
-        out.append(f"{where}: {cls.__qualname__} node data {aux_a!r} -> {aux_b!r}")
-        return
+        else:
+            out.append(f"{where}: {cls.__qualname__} node data {aux_a!r} -> {aux_b!r}")
+            return
     ca, cb = _children_with_keys(a), _children_with_keys(b)
     if len(ca) != len(cb):
         out.append(f"{where}: {cls.__qualname__} of length {len(ca)} -> {len(cb)}")
