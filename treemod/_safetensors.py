@@ -32,6 +32,7 @@ import secrets
 import struct
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import ml_dtypes
@@ -159,6 +160,10 @@ def _host_bytes(array: Any) -> memoryview:
     return host.reshape(-1).view(np.uint8).data
 
 
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str, str]) -> None:
     """Write a checkpoint to the seekable binary file `f`, streaming one tensor at a time."""
     entries = []
@@ -185,13 +190,16 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     start = f.tell()
     f.write(struct.pack("<Q", len(header)))
     f.write(header)
-    for i, (name, array, *_) in enumerate(entries):
-        if i + 1 < len(entries) and hasattr(entries[i + 1][1], "copy_to_host_async"):
-            entries[i + 1][1].copy_to_host_async()  # overlap the next transfer with this write
-        data = _host_bytes(array)
-        f.write(data)
-        digests[name] = hashlib.sha256(data).hexdigest()
-        del data
+    # Hash each array in a second thread while this one writes it (both release the GIL).
+    with ThreadPoolExecutor(1) as hasher:
+        for i, (name, array, *_) in enumerate(entries):
+            if i + 1 < len(entries) and hasattr(entries[i + 1][1], "copy_to_host_async"):
+                entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
+            data = _host_bytes(array)
+            digest = hasher.submit(_sha256, data)
+            f.write(data)
+            digests[name] = digest.result()
+            del data
     end = f.tell()
     meta["treemod.sha256"] = canonical(digests)
     final = _encode_header(table, meta)

@@ -194,8 +194,8 @@ class Reader:
             raise CheckpointError(f"{self.label} is corrupted: tensor {name!r} has no checksum.")
         return TensorInfo(name, DTYPES[real], real_shape, offsets[0], offsets[1])
 
-    def read(self, info: TensorInfo) -> np.ndarray:
-        """Read one tensor into a new host array, checking its checksum."""
+    def read_bytes(self, info: TensorInfo) -> np.ndarray:
+        """Read one tensor's bytes into a new host buffer (not yet checked: see `check`)."""
         buf = np.empty(info.end - info.begin, np.uint8)
         self.f.seek(self.data_start + info.begin)
         got = self.f.readinto(buf.data)  # type: ignore[attr-defined]
@@ -203,11 +203,19 @@ class Reader:
             raise CheckpointError(
                 f"{self.label} is truncated: tensor {info.name!r} is cut short while reading."
             )
+        return buf
+
+    def check(self, info: TensorInfo, buf: np.ndarray) -> None:
+        """Raise if the bytes of a tensor do not match its checksum (thread-safe)."""
         if not self.foreign and hashlib.sha256(buf.data).hexdigest() != self.digests[info.name]:
             raise CheckpointError(
                 f"{self.label} is corrupted: the checksum of tensor {info.name!r} does not "
                 "match its data."
             )
+
+    @staticmethod
+    def as_array(info: TensorInfo, buf: np.ndarray) -> np.ndarray:
+        """View a tensor's bytes as an array of its dtype and shape."""
         array = buf.view(info.dtype).reshape(info.shape)
         if sys.byteorder == "big":  # pragma: no cover
             array = array.byteswap()

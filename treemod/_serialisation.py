@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import jax
@@ -346,14 +347,23 @@ def load(
                 "of a model, pass where= (and prefix= if the file names it differently)."
             )
         new_leaves = []
-        for name, leaf in targets:
-            kind = _kind(leaf)
-            if kind == "array" and name in reader.tensors:
-                new_leaves.append(_to_like(reader.read(reader.tensors[name]), leaf))
-            elif kind in ("array", "value") and name in values:
-                new_leaves.append(values[name])
-            else:
-                new_leaves.append(leaf)
+        # Checksums are computed in a second thread while the next tensor is read and placed;
+        # all are awaited (and the first failure raised) before anything is returned.
+        with ThreadPoolExecutor(1) as checker:
+            checks = []
+            for name, leaf in targets:
+                kind = _kind(leaf)
+                if kind == "array" and name in reader.tensors:
+                    info = reader.tensors[name]
+                    buf = reader.read_bytes(info)
+                    checks.append(checker.submit(reader.check, info, buf))
+                    new_leaves.append(_to_like(reader.as_array(info, buf), leaf))
+                elif kind in ("array", "value") and name in values:
+                    new_leaves.append(values[name])
+                else:
+                    new_leaves.append(leaf)
+            for check in checks:
+                check.result()
     loaded = jtu.tree_unflatten(treedef, new_leaves)
     if where is None:
         return loaded
