@@ -206,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         key=model_key,
     )
     print(tm.tree_summary(model))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, min(100, args.steps), args.steps)
+    warmup = min(100, args.steps // 4)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps)
     optimiser = optax.chain(
         optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01)
     )
