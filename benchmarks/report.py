@@ -1,0 +1,343 @@
+"""Render benchmark results (JSON from `benchmarks.run`) as Markdown tables and PNG charts.
+
+    python -m benchmarks.report benchmarks/results/results.json [--docs]
+
+`--docs` also copies the charts to `docs/img/bench/` and replaces the generated part of
+`docs/benchmarks.md` (between the `<!-- results:begin -->` and `<!-- results:end -->` lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from .workloads.spec import FRAMEWORKS, LABELS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
+DOCS_IMG = ROOT / "docs" / "img" / "bench"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+FIRST_CALL_LIMIT = 1.05
+STEP_LIMIT = 1.10
+STACK_LIMIT = 1.5
+
+CHARTS = {
+    "first_call.png": ("first_call_s", "First call of the training step (s, log scale)", True),
+    "step_tiny.png": ("step_tiny_s", "Steady step time, tiny batch (ms, log scale)", True),
+    "step_big.png": ("step_big_s", "Steady step time, realistic batch (ms, log scale)", True),
+}
+
+
+def _frameworks(data: dict[str, Any]) -> list[str]:
+    return [
+        f
+        for f in FRAMEWORKS
+        if data["frameworks"].get(f, {}).get("status") not in (None, "skipped")
+    ]
+
+
+def _metric(data: dict[str, Any], wl: str, fw: str, m: str) -> dict[str, float] | None:
+    metrics: dict[str, dict[str, float]] = (
+        data["summary"].get(wl, {}).get(fw, {}).get("metrics", {})
+    )
+    return metrics.get(m)
+
+
+def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets for treemod, each with the measured value and whether it is met."""
+    out: list[dict[str, Any]] = []
+    peers = [f for f in _frameworks(data) if f not in ("jax", "treemod")]
+    for wl in data["workloads"]:
+        tm = _metric(data, wl, "treemod", "first_call_s")
+        floor = _metric(data, wl, "jax", "first_call_s")
+        if tm and floor:
+            r = tm["median"] / floor["median"]
+            out.append(_target(f"{wl}: first call / plain JAX", r, FIRST_CALL_LIMIT))
+        others = [(p, _metric(data, wl, p, "first_call_s")) for p in peers]
+        others = [(p, s) for p, s in others if s]
+        if tm and others:
+            best_peer, best = min(others, key=lambda ps: ps[1]["median"])
+            r = tm["median"] / best["median"]
+            out.append(_target(f"{wl}: first call / fastest peer ({LABELS[best_peer]})", r, 1.0))
+        tm = _metric(data, wl, "treemod", "step_tiny_s")
+        floor = _metric(data, wl, "jax", "step_tiny_s")
+        if tm and floor:
+            r = tm["median"] / floor["median"]
+            out.append(_target(f"{wl}: tiny-batch step / plain JAX", r, STEP_LIMIT))
+    deep = _metric(data, "stack48_scan", "treemod", "first_call_s")
+    shallow = _metric(data, "stack4_scan", "treemod", "first_call_s")
+    if deep and shallow:
+        r = deep["median"] / shallow["median"]
+        out.append(_target("Stack: first call, 48 blocks / 4 blocks", r, STACK_LIMIT))
+    return out
+
+
+def _target(name: str, value: float, limit: float) -> dict[str, Any]:
+    return {"name": name, "value": value, "limit": limit, "ok": value <= limit}
+
+
+# --- Markdown --------------------------------------------------------------------------------
+
+
+def _fmt(x: float, unit: str) -> str:
+    if unit == "ms":
+        x *= 1e3
+    if x == 0:
+        return "0"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(x)))))
+    return f"{x:.{min(digits, 4)}f}"
+
+
+def _table(data: dict[str, Any], metric: str, unit: str, ranges: bool = True) -> str:
+    fws = _frameworks(data)
+    head = "| workload | " + " | ".join(LABELS[f] for f in fws) + " |"
+    rows = [head, "|" + " --- |" * (len(fws) + 1)]
+    for wl, info in data["workloads"].items():
+        cells = []
+        for fw in fws:
+            s = _metric(data, wl, fw, metric)
+            errors = data["summary"].get(wl, {}).get(fw, {}).get("errors", [])
+            if s is None:
+                cells.append("failed" if errors else "–")
+                continue
+            cell = _fmt(s["median"], unit)
+            if ranges and s["n"] > 1:
+                cell += f" <small>[{_fmt(s['min'], unit)}–{_fmt(s['max'], unit)}]</small>"
+            ratio = data["summary"][wl][fw]["ratio"].get(metric)
+            if ratio is not None and fw != "jax":
+                cell += f" ({ratio:.2f}×)"
+            cells.append(cell)
+        rows.append(f"| {info['title']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _breakdown(data: dict[str, Any]) -> str:
+    fws = _frameworks(data)
+    rows = ["| workload | " + " | ".join(LABELS[f] for f in fws) + " |"]
+    rows.append("|" + " --- |" * (len(fws) + 1))
+    for wl, info in data["workloads"].items():
+        cells = []
+        for fw in fws:
+            parts = [_metric(data, wl, fw, m) for m in ("trace_s", "lower_s", "compile_s")]
+            if any(p is None for p in parts):
+                cells.append("–")
+            else:
+                cells.append(" / ".join(_fmt(p["median"], "s") for p in parts if p))
+        rows.append(f"| {info['title']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _imports(data: dict[str, Any]) -> str:
+    rows = ["| framework | total import (s) | of which the framework (s) | × plain JAX |"]
+    rows.append("| --- | --- | --- | --- |")
+    floor = None
+    for fw in _frameworks(data):
+        vals = [
+            r for r in data["records"] if r["framework"] == fw and "import_s" in r
+            and not r.get("imports_shared")
+        ]  # fmt: skip
+        if not vals:
+            continue
+        tot = sorted(r["import_s"] for r in vals)[len(vals) // 2]
+        own = sorted(r["import_framework_s"] for r in vals)[len(vals) // 2]
+        floor = tot if fw == "jax" else floor
+        ratio = f"{tot / floor:.2f}×" if floor else "–"
+        lo, hi = min(r["import_s"] for r in vals), max(r["import_s"] for r in vals)
+        rng = f" <small>[{lo:.2f}–{hi:.2f}]</small>"
+        rows.append(
+            f"| {LABELS[fw]} | {tot:.2f}{rng if len(vals) > 1 else ''} | {own:.2f} | {ratio} |"
+        )
+    return "\n".join(rows)
+
+
+def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
+    """The report: machine, skipped frameworks, tables, targets, charts."""
+    meta, mach = data["meta"], data["meta"]["machine"]
+    v = mach["versions"]
+    lines = [
+        f"Mode **{meta['mode']}**, {meta['repeats']} repeat(s), {meta['processes']}; "
+        f"run {meta['started']} – {meta.get('finished', '?')} "
+        f"({meta.get('duration_s', 0) / 60:.1f} min).",
+        "",
+        f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['platform']}, "
+        f"Python {mach['python']}; "
+        + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+        + f". Load average before/after: {_load(mach.get('load_average'))} / "
+        f"{_load(meta.get('load_average_after'))}.",
+        "",
+    ]
+    for st in data["frameworks"].values():
+        if st["status"] != "ok":
+            lines.append(f"- **{st['label']}**: {st['status']}: {st.get('reason', '')}")
+    lines += ["", "Cells: median <small>[min–max]</small> (ratio of medians to plain JAX).", ""]
+    sections = [
+        ("First call of the training step, wall time (s)", "first_call_s", "s"),
+        ("First call of the training step, CPU time of the process (s)", "first_call_cpu_s", "s"),
+        ("Steady-state step, tiny batch (ms)", "step_tiny_s", "ms"),
+        ("Steady-state step, realistic batch (ms)", "step_big_s", "ms"),
+        ("Model construction, eager (s)", "init_s", "s"),
+        ("Model construction under eval_shape (s)", "init_abstract_s", "s"),
+        ("Model construction inside jit, first call (s)", "init_jit_s", "s"),
+    ]
+    for title, metric, unit in sections:
+        if any(
+            _metric(data, wl, fw, metric) for wl in data["workloads"] for fw in _frameworks(data)
+        ):
+            lines += [f"#### {title}", "", _table(data, metric, unit), ""]
+    lines += [
+        "#### Trace / lowering / XLA compile of the first call (s, medians)",
+        "",
+        _breakdown(data),
+        "",
+        "#### Import time (fresh process)",
+        "",
+        _imports(data),
+        "",
+        "#### Parameter counts (asserted equal across frameworks)",
+        "",
+        "| workload | architecture | parameters |",
+        "| --- | --- | --- |",
+    ]
+    for info in data["workloads"].values():
+        lines.append(f"| {info['title']} | {info['description']} | {info['params']:,} |")
+    if data.get("targets"):
+        lines += ["", "#### treemod's targets", "", "| target | measured | limit | met |"]
+        lines.append("| --- | --- | --- | --- |")
+        for t in data["targets"]:
+            mark = "yes" if t["ok"] else "**no**"
+            lines.append(f"| {t['name']} | {t['value']:.2f}× | ≤ {t['limit']:.2f}× | {mark} |")
+    errors = [
+        (wl, fw, e)
+        for wl, per in data["summary"].items()
+        for fw, entry in per.items()
+        for e in sorted(set(entry["errors"]))
+    ]
+    if errors:
+        lines += ["", "#### Failures", ""]
+        lines += [f"- {LABELS[fw]} / {wl}: `{e[:300]}`" for wl, fw, e in errors]
+    lines.append("")
+    for png, (_, title, _) in CHARTS.items():
+        lines.append(f"![{title}]({img_prefix}{png})")
+    lines.append(f"![Import time (s)]({img_prefix}import.png)")
+    return "\n".join(lines) + "\n"
+
+
+def _load(x: list[float] | None) -> str:
+    return "/".join(f"{v:.1f}" for v in x) if x else "?"
+
+
+# --- charts ----------------------------------------------------------------------------------
+
+
+def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Grouped bar charts (median, min–max whiskers); nothing if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no charts (pip install matplotlib)", file=sys.stderr)
+        return []
+    fws = _frameworks(data)
+    wls = list(data["workloads"])
+    written = []
+    for png, (metric, title, log) in CHARTS.items():
+        scale = 1e3 if title.startswith("Steady") else 1.0
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(wls) + 2), 4.0))
+        width = 0.8 / max(1, len(fws))
+        for i, fw in enumerate(fws):
+            xs, ys, lo, hi = [], [], [], []
+            for j, wl in enumerate(wls):
+                s = _metric(data, wl, fw, metric)
+                if s:
+                    xs.append(j + (i - (len(fws) - 1) / 2) * width)
+                    ys.append(s["median"] * scale)
+                    lo.append((s["median"] - s["min"]) * scale)
+                    hi.append((s["max"] - s["median"]) * scale)
+            ax.bar(xs, ys, width, yerr=[lo, hi], label=LABELS[fw], capsize=2)
+        ax.set_xticks(range(len(wls)), [data["workloads"][w]["title"] for w in wls], rotation=20,
+                      ha="right", fontsize=8)  # fmt: skip
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=7, ncol=3)
+        fig.tight_layout()
+        fig.savefig(out_dir / png, dpi=90)
+        plt.close(fig)
+        written.append(out_dir / png)
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    bottoms = {"import_jax_s": "jax", "import_optax_s": "optax", "import_framework_s": "framework"}
+    names, base = [], []
+    for fw in fws:
+        recs = [r for r in data["records"] if r["framework"] == fw and "import_s" in r
+                and not r.get("imports_shared")]  # fmt: skip
+        if recs:
+            names.append(LABELS[fw])
+            base.append({k: sorted(r[k] for r in recs)[len(recs) // 2] for k in bottoms})
+    acc = [0.0] * len(names)
+    for key, label in bottoms.items():
+        vals = [b[key] for b in base]
+        ax.bar(names, vals, bottom=acc, label=label)
+        acc = [a + v for a, v in zip(acc, vals, strict=True)]
+    ax.set_ylabel("s")
+    ax.set_title("Import time, fresh process (median)")
+    ax.legend(fontsize=7)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "import.png", dpi=90)
+    plt.close(fig)
+    written.append(out_dir / "import.png")
+    return written
+
+
+def write(data: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write `results.md` and the charts into `out_dir`; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.md").write_text("# Benchmark results\n\n" + markdown(data))
+    return [out_dir / "results.md", *charts(data, out_dir)]
+
+
+def update_docs(data: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Copy the charts to docs/img/bench and replace the generated part of docs/benchmarks.md."""
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for png in [*CHARTS, "import.png"]:
+        if (out_dir / png).exists():
+            shutil.copy(out_dir / png, DOCS_IMG / png)
+            copied.append(DOCS_IMG / png)
+    page = DOCS_PAGE.read_text()
+    if BEGIN in page and END in page:
+        head, rest = page.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        body = markdown(data, img_prefix="img/bench/").replace("#### ", "### ")
+        DOCS_PAGE.write_text(f"{head}{BEGIN}\n{body}{END}{tail}")
+        copied.append(DOCS_PAGE)
+    else:
+        print(f"{DOCS_PAGE} has no {BEGIN} ... {END} markers: not updated", file=sys.stderr)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
+    parser.add_argument("results", help="results.json written by benchmarks.run")
+    parser.add_argument("--docs", action="store_true", help="also refresh docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    path = Path(args.results)
+    data = json.loads(path.read_text())
+    data["targets"] = targets(data)
+    written = write(data, path.parent)
+    if args.docs:
+        written += update_docs(data, path.parent)
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

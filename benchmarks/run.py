@@ -1,0 +1,326 @@
+"""Run the compile-speed benchmark suite: every framework on every workload, fresh processes.
+
+    python -m benchmarks.run [--quick] [--frameworks jax,treemod,...] [--workloads mlp8,...]
+                             [--repeats N] [--out DIR] [--no-docs]
+
+Each (framework, workload, repeat) runs in a fresh Python process (`benchmarks.worker`) with
+the persistent compilation cache off, so every import and every compile is cold. Repeats go
+round-robin: within a repeat the frameworks take turns on each workload, starting from a
+different one each time, so slow phases of the machine spread over all of them. Frameworks
+that are not installed are skipped with the reason shown. `--quick` uses tiny models, one
+repeat and one process per framework (all workloads in it), as a smoke test.
+
+Results go to `DIR/results.json` (every measurement, the summary and the machine), a Markdown
+report `DIR/results.md` and PNG charts. A full run into the default directory also refreshes
+the tables and charts of `docs/benchmarks.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .workloads.spec import (
+    DISTRIBUTIONS,
+    FRAMEWORKS,
+    LABELS,
+    REQUIRES,
+    describe,
+    expected_params,
+    workloads,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+
+METRICS = (
+    "import_s",
+    "import_framework_s",
+    "init_s",
+    "init_cpu_s",
+    "init_abstract_s",
+    "init_jit_s",
+    "opt_init_s",
+    "first_call_s",
+    "first_call_cpu_s",
+    "trace_s",
+    "lower_s",
+    "compile_s",
+    "n_compiles",
+    "step_tiny_s",
+    "first_call_big_s",
+    "step_big_s",
+    "params",
+)
+
+QUICK_CONFIG = {"tiny_iters": 5, "tiny_samples": 2, "big_iters": 2, "big_samples": 1}
+FULL_CONFIG = {"tiny_iters": 20, "tiny_samples": 5, "big_iters": 3, "big_samples": 3}
+
+
+def unavailable(framework: str) -> str | None:
+    """Why `framework` cannot run here, or None. Looks for packages without importing them."""
+    for name in REQUIRES[framework]:
+        top = name.split(".")[0]
+        if importlib.util.find_spec(top) is None:
+            dist = DISTRIBUTIONS.get(framework, top)
+            return f"{top} is not installed (`pip install {dist}`, or `make bench`)"
+    return None
+
+
+def plan(
+    frameworks: list[str], names: list[str], repeats: int, grouped: bool
+) -> list[tuple[str, list[str]]]:
+    """The jobs in run order: (framework, workloads), frameworks alternating round-robin."""
+    jobs: list[tuple[str, list[str]]] = []
+    n = len(frameworks)
+    for r in range(repeats):
+        if grouped:
+            jobs += [(frameworks[(r + i) % n], list(names)) for i in range(n)]
+            continue
+        for j, name in enumerate(names):
+            jobs += [(frameworks[(r + j + i) % n], [name]) for i in range(n)]
+    return jobs
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, Python and library versions, load average."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for dist in ("jax", "jaxlib", "optax", "numpy", "treemod", "equinox", "flax", "dm-haiku"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    # Fake device counts from test set-ups would change what XLA compiles.
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_job(
+    framework: str, names: list[str], quick: bool, config: dict[str, Any], timeout: float
+) -> list[dict[str, Any]]:
+    """Run one worker process and return its records (an error record if it failed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, "-m", "benchmarks.worker", "--framework", framework]
+        cmd += ["--workloads", ",".join(names), "--config", json.dumps(config), "--out", str(out)]
+        if quick:
+            cmd.append("--quick")
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+            )
+            failure = (
+                None
+                if out.exists()
+                else f"worker exited {proc.returncode}: "
+                + (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            )
+        except subprocess.TimeoutExpired:
+            failure = f"timed out after {timeout:.0f} s"
+        if failure is not None:
+            return [{"framework": framework, "workload": n, "error": failure} for n in names]
+        records: list[dict[str, Any]] = json.loads(out.read_text())
+        return records
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Median, min, max of each metric per (workload, framework), and ratios to plain JAX."""
+    summary: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        entry = summary.setdefault(rec["workload"], {}).setdefault(
+            rec["framework"], {"metrics": {}, "errors": []}
+        )
+        if "error" in rec:
+            entry["errors"].append(rec["error"])
+            continue
+        for m in METRICS:
+            if rec.get(m) is not None and not (m.startswith("import") and rec["imports_shared"]):
+                entry["metrics"].setdefault(m, []).append(rec[m])
+    for per_fw in summary.values():
+        for entry in per_fw.values():
+            entry["metrics"] = {m: _stats(v) for m, v in entry["metrics"].items()}
+        floor = per_fw.get("jax", {}).get("metrics", {})
+        for entry in per_fw.values():
+            entry["ratio"] = {
+                m: s["median"] / floor[m]["median"]
+                for m, s in entry["metrics"].items()
+                if m in floor and floor[m]["median"] > 0
+            }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny models, a smoke run (<2 min)")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--workloads", default=None, help="comma-separated (default: all)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick: 1)")
+    parser.add_argument("--out", default=None, help="output directory")
+    parser.add_argument("--config", default="{}", help="JSON overrides of the worker settings")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    parser.add_argument("--no-docs", action="store_true", help="do not refresh docs/")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    specs = workloads(args.quick)
+    names = args.workloads.split(",") if args.workloads else list(specs)
+    wanted = args.frameworks.split(",")
+    for bad in [n for n in names if n not in specs] + [f for f in wanted if f not in FRAMEWORKS]:
+        parser.error(
+            f"unknown workload or framework {bad!r}; workloads: {', '.join(specs)}; "
+            f"frameworks: {', '.join(FRAMEWORKS)}"
+        )
+    repeats = args.repeats or (1 if args.quick else 5)
+    out_dir = Path(args.out) if args.out else DEFAULT_OUT / ("quick" if args.quick else "")
+    config = {**(QUICK_CONFIG if args.quick else FULL_CONFIG), **json.loads(args.config)}
+
+    status: dict[str, dict[str, Any]] = {}
+    frameworks = []
+    for fw in wanted:
+        reason = unavailable(fw)
+        status[fw] = {"label": LABELS[fw], "status": "skipped" if reason else "ok"}
+        if reason:
+            status[fw]["reason"] = reason
+            print(f"skipping {LABELS[fw]}: {reason}", file=sys.stderr)
+        else:
+            frameworks.append(fw)
+
+    meta: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full",
+        "repeats": repeats,
+        "processes": "one per framework" if args.quick else "one per (framework, workload)",
+        "config": config,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    jobs = plan(frameworks, names, repeats, grouped=args.quick)
+    records: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    bar = _progress(len(jobs), args.no_progress)
+    for i, (fw, job_names) in enumerate(jobs):
+        bar.set_description(f"{LABELS[fw]:<10} {','.join(job_names)[:24]:<24}")
+        for rec in run_job(fw, job_names, args.quick, config, args.timeout):
+            rec["repeat"] = i
+            records.append(rec)
+        bar.update(1)
+    bar.close()
+    meta["duration_s"] = time.perf_counter() - t0
+    meta["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    meta["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+    for fw in frameworks:
+        errs = [r["error"] for r in records if r["framework"] == fw and "error" in r]
+        if errs:
+            status[fw]["status"] = (
+                "failed"
+                if len(errs) == sum(r["framework"] == fw for r in records)
+                else "partly failed"
+            )
+            status[fw]["reason"] = errs[0]
+    data = {
+        "meta": meta,
+        "frameworks": status,
+        "workloads": {
+            n: {
+                "title": specs[n].title,
+                "description": describe(specs[n]),
+                "params": expected_params(specs[n]),
+            }
+            for n in names
+        },
+        "records": records,
+        "summary": summarise(records),
+    }
+    from . import report  # matplotlib loads only now
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data["targets"] = report.targets(data)
+    (out_dir / "results.json").write_text(json.dumps(data, indent=1))
+    written = report.write(data, out_dir)
+    if not args.quick and args.out is None and not args.no_docs:
+        written += report.update_docs(data, out_dir)
+    print(f"wrote {', '.join(str(p) for p in [out_dir / 'results.json', *written])}")
+    for st in status.values():
+        if st["status"] != "ok":
+            print(f"{st['label']}: {st['status']}: {st.get('reason', '')}", file=sys.stderr)
+    return 0
+
+
+class _NoBar:
+    def __init__(self, total: int) -> None:
+        self.total, self.n = total, 0
+
+    def set_description(self, text: str) -> None:
+        print(f"[{self.n + 1}/{self.total}] {text.strip()}", file=sys.stderr, flush=True)
+
+    def update(self, n: int) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, disabled: bool) -> Any:
+    if not disabled:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(total=total, unit="process", dynamic_ncols=True)
+        except ImportError:
+            pass
+    return _NoBar(total)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
