@@ -43,7 +43,7 @@ def _fn(tree: Any, other: Any) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.sin(x) * 2.0 + total, tree)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(_trees, _trees)
 def test_equals_jax_jit_on_array_trees(tree: Any, other: Any) -> None:
     _close(tm.filter_jit(_fn)(tree, other), jax.jit(_fn)(tree, other))
