@@ -396,3 +396,18 @@ def test_sigkill_during_save_leaves_the_old_checkpoint_intact(tmp_path: pathlib.
         np.testing.assert_array_equal(np.asarray(w), old["w"][i])
     with pytest.raises(tm.CheckpointError, match="truncated"):
         tm.load(temps[0], like)
+
+
+def test_hostile_headers_get_checkpoint_errors(tmp_path: pathlib.Path) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert "header is not valid JSON" in _error(tmp_path, struct.pack("<Q", len(deep)) + deep)
+    header, data = _split(_raw())
+    header["__metadata__"]["treemod.values"] = "[" * 100_000 + "]" * 100_000
+    assert "'treemod.values' is not valid JSON" in _error(tmp_path, _join(_rehash(header), data))
+    header, data = _split(_raw())
+    header["__metadata__"]["treemod.version"] = "²"
+    assert "is not a number" in _error(tmp_path, _join(_rehash(header), data))
+    for bad in (["complex", {"a": 1}], ["complex", ["1"]], ["int", "9" * 5000], ["set", "x"]):
+        header, data = _split(_raw())
+        header["__metadata__"]["treemod.values"] = json.dumps({"['step']": bad})
+        assert "is malformed" in _error(tmp_path, _join(_rehash(header), data))

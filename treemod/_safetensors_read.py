@@ -87,7 +87,7 @@ class Reader:
         raw = f.read(n)
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise CheckpointError(
                 f"{label} is corrupted or not a treemod checkpoint: its header is not valid "
                 f"JSON ({e})."
@@ -113,7 +113,7 @@ class Reader:
             )
         if not self.foreign:
             version = meta.get("treemod.version", "")
-            if not version.isdigit():
+            if not (version.isascii() and version.isdigit() and len(version) < 10):
                 raise CheckpointError(
                     f"{label} is corrupted: its format version {version!r} is not a number."
                 )
@@ -145,7 +145,7 @@ class Reader:
             raise CheckpointError(f"{self.label} is corrupted: its metadata lacks {key!r}.")
         try:
             value = json.loads(self.metadata[key])
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise CheckpointError(
                 f"{self.label} is corrupted: metadata {key!r} is not valid JSON ({e})."
             ) from None

@@ -55,7 +55,7 @@ def _decode(label: str, name: str, entry: Any) -> Any:
             return float(raw)
         if kind == "complex" and all(type(r) is str for r in raw):
             return complex(float(raw[0]), float(raw[1]))
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError):
         pass
     raise CheckpointError(f"{label} is corrupted: the saved value at {name!r} is malformed.")
 
