@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import treemod as tm
+import treemod.nn  # noqa: F401 (tm.nn)
 
 
 class Block(tm.Module):
@@ -535,3 +536,21 @@ def test_save_needs_an_existing_directory_and_a_seekable_file(tmp_path: pathlib.
 
     with pytest.raises(TypeError, match="must be seekable"):
         tm.save(Pipe(), {"w": jnp.ones(1)})
+
+
+def test_batch_norm_running_statistics_are_saved_and_restored() -> None:
+    bn = tm.nn.BatchNorm(3)
+    x = jax.random.normal(jax.random.key(0), (8, 3, 4))
+    for _ in range(2):
+        _, bn = tm.stateful(bn)(x)
+    # Reference by hand: the running mean is no longer its initial zeros.
+    assert float(jnp.abs(bn.running_mean.value).sum()) > 0
+    buf = _saved(bn)
+    fresh = tm.load(buf, jax.eval_shape(lambda: tm.nn.BatchNorm(3)))
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(fresh, name).value), np.asarray(getattr(bn, name).value)
+        )
+    np.testing.assert_array_equal(
+        np.asarray(tm.nn.inference_mode(fresh)(x)), np.asarray(tm.nn.inference_mode(bn)(x))
+    )
