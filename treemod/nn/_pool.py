@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
-from ._utils import as_tuple
+from ._utils import as_tuple, lead
 
 __all__ = [
     "AdaptiveAvgPool1d",
@@ -179,7 +179,7 @@ class AvgPool(_Pool):
             self.stride,
             "VALID",
         )
-        return y / count
+        return y / lead(count, y.ndim)
 
 
 class MaxPool1d(MaxPool):

@@ -1,0 +1,441 @@
+"""Every layer with a PyTorch counterpart: copy the parameters into it, compare outputs (float32)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import treemod.nn as nn
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch (CPU) is not installed: `pip install -e '.[torch]'` to run these"
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")
+
+ATOL = 2e-5
+RTOL = 1e-5
+
+
+def t(a):
+    return torch.from_numpy(np.array(a, dtype=np.float32))
+
+
+def rand(seed, *shape):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def close(ours, theirs, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(ours), theirs.detach().numpy(), rtol=RTOL, atol=atol)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_linear(use_bias):
+    layer = nn.Linear(7, 5, use_bias=use_bias, key=jax.random.key(0))
+    ref = torch.nn.Linear(7, 5, bias=use_bias)
+    with torch.no_grad():
+        ref.weight.copy_(t(layer.weight))
+        if use_bias:
+            ref.bias.copy_(t(layer.bias))
+    x = rand(1, 4, 3, 7)
+    close(layer(x), ref(t(x)))
+
+
+CONV2D_CASES = [
+    dict(kernel_size=3),
+    dict(kernel_size=3, stride=2),
+    dict(kernel_size=(3, 2), stride=(2, 1), padding=1),
+    dict(kernel_size=3, padding=(2, 0)),
+    dict(kernel_size=3, padding="SAME"),
+    dict(kernel_size=4, padding="SAME"),
+    dict(kernel_size=3, padding="VALID", stride=2),
+    dict(kernel_size=3, dilation=2, padding=2),
+    dict(kernel_size=3, groups=2, padding=1),
+    dict(kernel_size=1, groups=2, use_bias=False),
+    dict(kernel_size=3, padding=1, padding_mode="REFLECT"),
+    dict(kernel_size=3, padding=1, padding_mode="REPLICATE"),
+    dict(kernel_size=3, padding=1, padding_mode="CIRCULAR"),
+]
+
+
+def _torch_padding(case):
+    p = case.get("padding", 0)
+    return p.lower() if isinstance(p, str) else p
+
+
+def _copy_conv(ours, ref):
+    with torch.no_grad():
+        ref.weight.copy_(t(ours.weight))
+        if ours.bias is not None:
+            ref.bias.copy_(t(ours.bias))
+
+
+@pytest.mark.parametrize("case", CONV2D_CASES, ids=str)
+def test_conv2d(case):
+    layer = nn.Conv2d(4, 6, key=jax.random.key(0), **case)
+    ref = torch.nn.Conv2d(
+        4,
+        6,
+        case["kernel_size"],
+        stride=case.get("stride", 1),
+        padding=_torch_padding(case),
+        dilation=case.get("dilation", 1),
+        groups=case.get("groups", 1),
+        bias=case.get("use_bias", True),
+        padding_mode=case.get("padding_mode", "zeros").lower(),
+    )
+    _copy_conv(layer, ref)
+    x = rand(1, 2, 4, 11, 9)
+    close(layer(x), ref(t(x)))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(kernel_size=3),
+        dict(kernel_size=5, stride=3, padding=2),
+        dict(kernel_size=3, dilation=3, groups=2),
+        dict(kernel_size=2, padding="SAME"),
+    ],
+    ids=str,
+)
+def test_conv1d(case):
+    layer = nn.Conv1d(4, 6, key=jax.random.key(0), **case)
+    ref = torch.nn.Conv1d(
+        4,
+        6,
+        case["kernel_size"],
+        stride=case.get("stride", 1),
+        padding=_torch_padding(case),
+        dilation=case.get("dilation", 1),
+        groups=case.get("groups", 1),
+    )
+    _copy_conv(layer, ref)
+    x = rand(1, 3, 4, 20)
+    close(layer(x), ref(t(x)))
+
+
+def test_conv3d():
+    layer = nn.Conv3d(
+        2, 4, kernel_size=(3, 2, 3), stride=(1, 2, 1), padding=1, key=jax.random.key(0)
+    )
+    ref = torch.nn.Conv3d(2, 4, (3, 2, 3), stride=(1, 2, 1), padding=1)
+    _copy_conv(layer, ref)
+    x = rand(1, 2, 2, 5, 6, 7)
+    close(layer(x), ref(t(x)))
+
+
+def _copy_transpose(ours, ref, groups):
+    # ours: (out, in/g, *k) (Equinox layout); PyTorch: (in, out/g, *k).
+    w = np.asarray(ours.weight)
+    out, in_g = w.shape[:2]
+    k = w.shape[2:]
+    w = (
+        w.reshape(groups, out // groups, in_g, *k)
+        .swapaxes(1, 2)
+        .reshape(groups * in_g, out // groups, *k)
+    )
+    with torch.no_grad():
+        ref.weight.copy_(t(w))
+        if ours.bias is not None:
+            ref.bias.copy_(t(ours.bias))
+
+
+TRANSPOSE_CASES = [
+    dict(kernel_size=3),
+    dict(kernel_size=4, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, output_padding=1),
+    dict(kernel_size=3, dilation=2, padding=2),
+    dict(kernel_size=3, stride=2, groups=2),
+    dict(kernel_size=2, stride=2, use_bias=False),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d(case):
+    layer = nn.ConvTranspose2d(4, 6, key=jax.random.key(0), **case)
+    ref = torch.nn.ConvTranspose2d(
+        4,
+        6,
+        case["kernel_size"],
+        stride=case.get("stride", 1),
+        padding=case.get("padding", 0),
+        output_padding=case.get("output_padding", 0),
+        groups=case.get("groups", 1),
+        bias=case.get("use_bias", True),
+        dilation=case.get("dilation", 1),
+    )
+    _copy_transpose(layer, ref, case.get("groups", 1))
+    x = rand(1, 2, 4, 7, 6)
+    close(layer(x), ref(t(x)))
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES[:4], ids=str)
+def test_conv_transpose1d(case):
+    layer = nn.ConvTranspose1d(4, 6, key=jax.random.key(0), **case)
+    ref = torch.nn.ConvTranspose1d(
+        4,
+        6,
+        case["kernel_size"],
+        stride=case.get("stride", 1),
+        padding=case.get("padding", 0),
+        output_padding=case.get("output_padding", 0),
+        dilation=case.get("dilation", 1),
+    )
+    _copy_transpose(layer, ref, 1)
+    x = rand(1, 3, 4, 9)
+    close(layer(x), ref(t(x)))
+
+
+POOL_CASES = [
+    dict(kernel_size=2, stride=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=1),
+    dict(kernel_size=3, stride=2, use_ceil=True),
+    dict(kernel_size=2, stride=2, padding=1, use_ceil=True),
+]
+
+
+def _torch_pool_kwargs(case):
+    return dict(
+        kernel_size=case["kernel_size"],
+        stride=case["stride"],
+        padding=case.get("padding", 0),
+        ceil_mode=case.get("use_ceil", False),
+    )
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pools_2d(case):
+    x = rand(1, 2, 3, 10, 9)
+    close(nn.MaxPool2d(**case)(x), torch.nn.MaxPool2d(**_torch_pool_kwargs(case))(t(x)))
+    close(nn.AvgPool2d(**case)(x), torch.nn.AvgPool2d(**_torch_pool_kwargs(case))(t(x)))
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pools_1d(case):
+    x = rand(2, 2, 3, 11)
+    close(nn.MaxPool1d(**case)(x), torch.nn.MaxPool1d(**_torch_pool_kwargs(case))(t(x)))
+    close(nn.AvgPool1d(**case)(x), torch.nn.AvgPool1d(**_torch_pool_kwargs(case))(t(x)))
+
+
+@pytest.mark.parametrize(
+    "size,target", [((7, 5), (3, 2)), ((8, 8), (4, 4)), ((5, 9), (1, 1)), ((4, 6), (4, 7))]
+)
+def test_adaptive_avg_pool(size, target):
+    x = rand(3, 2, 3, *size)
+    close(nn.AdaptiveAvgPool2d(target)(x), torch.nn.AdaptiveAvgPool2d(target)(t(x)))
+    close(
+        nn.AdaptiveAvgPool1d(target[0])(x[..., 0]),
+        torch.nn.AdaptiveAvgPool1d(target[0])(t(x[..., 0])),
+    )
+
+
+def test_layer_norm():
+    ours = nn.LayerNorm((4, 5), eps=1e-5)
+    ours = ours.__class__((4, 5))
+    w, b = rand(1, 4, 5), rand(2, 4, 5)
+    import treemod as tm
+
+    ours = tm.tree_at(lambda m: (m.weight, m.bias), ours, (w, b))
+    ref = torch.nn.LayerNorm((4, 5), eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(t(w))
+        ref.bias.copy_(t(b))
+    x = rand(3, 2, 3, 4, 5) * 3.0 + 1.0
+    close(ours(x), ref(t(x)))
+
+
+def test_group_norm():
+    import treemod as tm
+
+    ours = nn.GroupNorm(3, 6, spatial_ndim=2)
+    w, b = rand(1, 6), rand(2, 6)
+    ours = tm.tree_at(lambda m: (m.weight, m.bias), ours, (w, b))
+    ref = torch.nn.GroupNorm(3, 6, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(t(w))
+        ref.bias.copy_(t(b))
+    x = rand(3, 2, 6, 4, 5) * 2.0
+    close(ours(x), ref(t(x)))
+    # Equinox convention: a single unbatched example without spatial_ndim.
+    unbatched = nn.GroupNorm(3, 6)
+    unbatched = tm.tree_at(lambda m: (m.weight, m.bias), unbatched, (w, b))
+    close(unbatched(x[0]), ref(t(x[:1]))[0])
+
+
+def test_rms_norm():
+    import treemod as tm
+
+    ours = nn.RMSNorm(8, eps=1e-5, use_bias=False)
+    w = rand(1, 8)
+    ours = tm.tree_at(lambda m: m.weight, ours, w)
+    ref = torch.nn.RMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(t(w))
+    x = rand(3, 4, 5, 8)
+    close(ours(x), ref(t(x)))
+
+
+def test_embedding():
+    ours = nn.Embedding(11, 4, key=jax.random.key(0))
+    ref = torch.nn.Embedding(11, 4)
+    with torch.no_grad():
+        ref.weight.copy_(t(ours.weight))
+    idx = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
+    close(ours(idx), ref(torch.from_numpy(np.array(idx)).long()))
+
+
+def _torch_mha(ours, embed, heads, kdim, vdim):
+    ref = torch.nn.MultiheadAttention(
+        embed, heads, bias=True, kdim=kdim, vdim=vdim, batch_first=True
+    )
+    with torch.no_grad():
+        if kdim == embed and vdim == embed:
+            w = np.concatenate(
+                [
+                    np.asarray(ours.query_proj.weight),
+                    np.asarray(ours.key_proj.weight),
+                    np.asarray(ours.value_proj.weight),
+                ]
+            )
+            ref.in_proj_weight.copy_(t(w))
+        else:
+            ref.q_proj_weight.copy_(t(ours.query_proj.weight))
+            ref.k_proj_weight.copy_(t(ours.key_proj.weight))
+            ref.v_proj_weight.copy_(t(ours.value_proj.weight))
+        b = np.concatenate(
+            [
+                np.asarray(ours.query_proj.bias),
+                np.asarray(ours.key_proj.bias),
+                np.asarray(ours.value_proj.bias),
+            ]
+        )
+        ref.in_proj_bias.copy_(t(b))
+        ref.out_proj.weight.copy_(t(ours.output_proj.weight))
+        ref.out_proj.bias.copy_(t(ours.output_proj.bias))
+    return ref
+
+
+def _mha(embed, heads, kdim=None, vdim=None):
+    return nn.MultiheadAttention(
+        heads,
+        embed,
+        key_size=kdim,
+        value_size=vdim,
+        use_query_bias=True,
+        use_key_bias=True,
+        use_value_bias=True,
+        use_output_bias=True,
+        key=jax.random.key(0),
+    )
+
+
+@pytest.mark.parametrize("q_len,kv_len,kdim,vdim", [(5, 5, 16, 16), (4, 9, 16, 16), (6, 3, 10, 7)])
+def test_mha_no_mask(q_len, kv_len, kdim, vdim):
+    ours = _mha(16, 4, kdim, vdim)
+    ref = _torch_mha(ours, 16, 4, kdim, vdim)
+    q, k, v = rand(1, 2, q_len, 16), rand(2, 2, kv_len, kdim), rand(3, 2, kv_len, vdim)
+    expected, _ = ref(t(q), t(k), t(v), need_weights=False)
+    close(ours(q, k, v), expected)
+
+
+def _random_mask(seed, shape):
+    m = jax.random.bernoulli(jax.random.key(seed), 0.7, shape)
+    return m.at[..., 0].set(True)  # no fully masked row (PyTorch gives NaN there)
+
+
+def test_mha_masks():
+    ours = _mha(16, 4)
+    ref = _torch_mha(ours, 16, 4, 16, 16)
+    q, k = rand(1, 3, 5, 16), rand(2, 3, 8, 16)
+    shared = _random_mask(4, (5, 8))
+    expected, _ = ref(
+        t(q), t(k), t(k), attn_mask=torch.from_numpy(~np.asarray(shared)), need_weights=False
+    )
+    close(ours(q, k, k, shared), expected)
+    per_head = _random_mask(5, (3, 4, 5, 8))
+    torch_mask = torch.from_numpy(~np.asarray(per_head).reshape(12, 5, 8))
+    expected, _ = ref(t(q), t(k), t(k), attn_mask=torch_mask, need_weights=False)
+    close(ours(q, k, k, per_head), expected)
+    per_example = _random_mask(6, (3, 5, 8))
+    torch_mask = torch.from_numpy(np.repeat(~np.asarray(per_example), 4, axis=0))
+    expected, _ = ref(t(q), t(k), t(k), attn_mask=torch_mask, need_weights=False)
+    close(ours(q, k, k, per_example), expected)
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(6, 6), (4, 7)])
+def test_mha_causal(q_len, kv_len):
+    ours = _mha(16, 2)
+    ref = _torch_mha(ours, 16, 2, 16, 16)
+    q, k = rand(1, 2, q_len, 16), rand(2, 2, kv_len, 16)
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
+    expected, _ = ref(t(q), t(k), t(k), attn_mask=~causal, need_weights=False)
+    close(ours(q, k, k, causal=True), expected)
+
+
+def test_gru_cell():
+    ours = nn.GRUCell(5, 7, key=jax.random.key(0))
+    ref = torch.nn.GRUCell(5, 7)
+    b = np.asarray(ours.bias)
+    with torch.no_grad():
+        ref.weight_ih.copy_(t(ours.weight_ih))
+        ref.weight_hh.copy_(t(ours.weight_hh))
+        ref.bias_ih.copy_(t(b))
+        ref.bias_hh.copy_(t(np.concatenate([np.zeros(14), np.asarray(ours.bias_n)])))
+    x, h = rand(1, 3, 5), rand(2, 3, 7)
+    close(ours(x, h), ref(t(x), t(h)))
+
+
+def test_lstm_cell():
+    ours = nn.LSTMCell(5, 7, key=jax.random.key(0))
+    ref = torch.nn.LSTMCell(5, 7)
+    with torch.no_grad():
+        ref.weight_ih.copy_(t(ours.weight_ih))
+        ref.weight_hh.copy_(t(ours.weight_hh))
+        ref.bias_ih.copy_(t(ours.bias))
+        ref.bias_hh.zero_()
+    x, h, c = rand(1, 3, 5), rand(2, 3, 7), rand(3, 3, 7)
+    h2, c2 = ours(x, (h, c))
+    rh, rc = ref(t(x), (t(h), t(c)))
+    close(h2, rh)
+    close(c2, rc)
+
+
+def test_mlp_matches_torch_sequential():
+    ours = nn.MLP(3, 2, width_size=8, depth=2, activation=jax.nn.tanh, key=jax.random.key(0))
+    layers = []
+    for i, lin in enumerate(ours.layers):
+        ref = torch.nn.Linear(lin.in_features, lin.out_features)
+        with torch.no_grad():
+            ref.weight.copy_(t(lin.weight))
+            ref.bias.copy_(t(lin.bias))
+        layers.append(ref)
+        if i < 2:
+            layers.append(torch.nn.Tanh())
+    x = rand(1, 6, 3)
+    close(ours(x), torch.nn.Sequential(*layers)(t(x)))
+
+
+def test_default_init_matches_pytorch_in_distribution():
+    """Linear/Conv default weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) like PyTorch."""
+    torch.manual_seed(0)
+    cases = [
+        (nn.Linear(400, 500, key=jax.random.key(0)), torch.nn.Linear(400, 500)),
+        (
+            nn.Conv2d(16, 300, 5, key=jax.random.key(1)),
+            torch.nn.Conv2d(16, 300, 5),
+        ),
+    ]
+    for ours, ref in cases:
+        for name in ("weight", "bias"):
+            a = np.asarray(getattr(ours, name)).ravel()
+            b = getattr(ref, name).detach().numpy().ravel()
+            n = a.size
+            # Uniform(-c, c): mean 0 (std c/sqrt(3n)), std c/sqrt(3); both samples in [-c, c].
+            c = 1 / np.sqrt(ours.weight[0].size)
+            assert np.abs(a).max() <= c and np.abs(b).max() <= c * (1 + 1e-6)
+            assert np.abs(a).max() > 0.95 * c
+            assert abs(a.mean()) < 5 * c / np.sqrt(3 * n)
+            assert abs(a.std() - b.std()) < 0.05 * b.std() + 6 * c / np.sqrt(n)
+            assert abs(a.std() - c / np.sqrt(3)) < 0.03 * c + 6 * c / np.sqrt(n)
