@@ -558,21 +558,26 @@ def test_checks_run_only_while_tracing(monkeypatch):
     x=st.integers(1, 5),
 )
 def test_law_errors_iff_sizes_disagree(out, inp, bias, x):
-    weight = jnp.ones((out, inp))
+    # Under eval_shape (tracers, nothing compiles); the reference is "sizes equal".
+    def build():
+        return Linear(jnp.ones((out, inp)), jnp.zeros(bias))
+
     if bias != out:
         with pytest.raises(tm.ShapeCheckError, match=rf"with out={out} "):
-            Linear(weight, jnp.zeros(bias))
+            jax.eval_shape(build)
         return
-    layer = Linear(weight, jnp.zeros(bias))
     if x != inp:
         with pytest.raises(tm.ShapeCheckError, match=rf"with in={inp} "):
-            layer(jnp.ones(x))
+            jax.eval_shape(lambda: build()(jnp.ones(x)))
     else:
-        np.testing.assert_allclose(layer(jnp.ones(x)), np.full(out, float(inp)))
+        assert jax.eval_shape(lambda: build()(jnp.ones(x))).shape == (out,)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(batch=st.lists(st.integers(0, 3), max_size=3), n=st.integers(1, 4))
 def test_law_any_batch_shape_is_accepted(batch, n):
-    x = jnp.ones((*batch, n))
-    assert Batched(x, x)(x).shape == tuple(batch)
+    def run():
+        x = jnp.ones((*batch, n))
+        return Batched(x, x)(x)
+
+    assert jax.eval_shape(run).shape == tuple(batch)
