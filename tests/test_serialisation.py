@@ -554,3 +554,37 @@ def test_batch_norm_running_statistics_are_saved_and_restored() -> None:
     np.testing.assert_array_equal(
         np.asarray(tm.nn.inference_mode(fresh)(x)), np.asarray(tm.nn.inference_mode(bn)(x))
     )
+
+
+def test_prng_keys_round_trip() -> None:
+    key = jax.random.key(42)
+    keys = jax.random.split(jax.random.key(1), 3)
+    rbg = jax.random.key(7, impl="rbg")
+    tree = {"key": key, "keys": keys, "rbg": rbg, "raw": jax.random.PRNGKey(3)}
+    buf = _saved(tree)
+    abstract = jax.eval_shape(lambda: tree)
+    for like in (tree, abstract):
+        buf.seek(0)
+        out = tm.load(buf, like)
+        for name in ("key", "keys", "rbg"):
+            assert out[name].dtype == tree[name].dtype
+            np.testing.assert_array_equal(
+                np.asarray(jax.random.key_data(out[name])),
+                np.asarray(jax.random.key_data(tree[name])),
+            )
+        # The restored keys draw the same numbers.
+        np.testing.assert_array_equal(
+            np.asarray(jax.random.normal(out["key"], (3,))),
+            np.asarray(jax.random.normal(key, (3,))),
+        )
+        np.testing.assert_array_equal(np.asarray(out["raw"]), np.asarray(tree["raw"]))
+
+
+def test_prng_key_mismatches_are_reported_by_key_dtype() -> None:
+    buf = _saved({"key": jax.random.key(0), "raw": jax.random.PRNGKey(0)})
+    like = {"key": jax.random.key(0, impl="rbg"), "raw": jax.random.key(0)}
+    with pytest.raises(tm.CheckpointError) as e:
+        tm.load(buf, like)
+    msg = str(e.value)
+    assert "wrong dtype: ['key'] is key<fry>[] in the file but key<rbg>[] in like" in msg
+    assert "wrong shape and dtype: ['raw'] is uint32[2] in the file but key<fry>[] in like" in msg

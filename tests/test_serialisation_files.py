@@ -411,3 +411,12 @@ def test_hostile_headers_get_checkpoint_errors(tmp_path: pathlib.Path) -> None:
         header, data = _split(_raw())
         header["__metadata__"]["treemod.values"] = json.dumps({"['step']": bad})
         assert "is malformed" in _error(tmp_path, _join(_rehash(header), data))
+
+
+def test_unknown_prng_implementation(tmp_path: pathlib.Path) -> None:
+    header, data = _split(_raw({"k": jax.random.key(0)}))
+    header["__metadata__"]["treemod.keys"] = json.dumps(
+        {"['k']": {"dtype": "key<fry>", "impl": "bogus"}}
+    )
+    msg = _error(tmp_path, _join(_rehash(header), data), like={"k": jax.random.key(1)})
+    assert "PRNG keys at ['k'] (implementation 'bogus') cannot be rebuilt" in msg

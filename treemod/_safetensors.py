@@ -14,6 +14,7 @@ treemod's entries in `__metadata__`:
     treemod.dtypes          JSON {name: dtype name} for dtypes outside the safetensors set
                             (int4, float8_e4m3b11fnuz, complex128, ...)
     treemod.values          JSON {key path: [type, value]} for int/float/bool/complex/str leaves
+    treemod.keys            JSON {name: {"dtype", "impl"}} for PRNG key arrays (stored as key data)
     treemod.sha256          JSON {name: sha256 hex digest of the tensor's bytes}
     treemod.header_sha256   sha256 of the rest of the header (names, dtypes, shapes, offsets,
                             metadata), so a flipped digit in a shape or value is caught too

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
@@ -20,19 +19,19 @@ import numpy as np
 
 from ._filters import is_array
 from ._safetensors import DTYPES, CheckpointError, write_checkpoint
-from ._safetensors_read import Reader, open_checkpoint
+from ._safetensors_read import open_checkpoint
+from ._serialisation_check import SIMPLE, check, is_key, key_record, kind, wrap_key
 from ._tree import tree_at
 
 __all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
 
 PathOrFile = str | os.PathLike | IO[bytes]
 
-_SIMPLE = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str"}
 _MAX_LISTED = 40
 
 
 def _encode(value: Any) -> list[Any]:
-    kind = _SIMPLE[type(value)]
+    kind = SIMPLE[type(value)]
     if kind == "float":
         return [kind, repr(value)]  # repr round-trips exactly, nan and inf included
     if kind == "complex":
@@ -60,10 +59,6 @@ def _decode(label: str, name: str, entry: Any) -> Any:
     raise CheckpointError(f"{label} is corrupted: the saved value at {name!r} is malformed.")
 
 
-def _describe_array(x: Any) -> str:
-    return f"{np.dtype(x.dtype).name}[{','.join(map(str, x.shape))}]"
-
-
 def _check_not_traced(name: str, leaf: Any, what: str) -> None:
     if isinstance(leaf, jax.core.Tracer):
         raise TypeError(
@@ -77,7 +72,7 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
 
     Arrays are stored under their key paths (`jax.tree_util.keystr`: `.layers[0].weight`,
     `['step']`), with dtype, shape and a SHA-256 checksum; `int`, `float`, `bool`, `complex` and
-    `str` leaves are stored too. Static fields and other leaves (functions, objects) are not:
+    `str` leaves are stored too, and PRNG key arrays as their key data. Static fields and other leaves (functions, objects) are not:
     they come from `like` when loading. Sharded arrays are gathered one at a time and
     `treemod.State` values are saved like any array.
 
@@ -99,6 +94,7 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
     """
     tensors: list[tuple[str, Any]] = []
     values: dict[str, Any] = {}
+    keys: dict[str, dict[str, str]] = {}
     seen: set[str] = set()
     for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
         name = jtu.keystr(path)
@@ -121,6 +117,9 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
                     "addressable from this one; gather it first (or use a multi-host "
                     "checkpointer such as Orbax)."
                 )
+            if is_key(leaf):
+                keys[name] = key_record(leaf)
+                leaf = jax.random.key_data(leaf)
             try:
                 DTYPES[np.dtype(leaf.dtype).name]
             except KeyError:
@@ -129,99 +128,14 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
                     "cannot hold (bool, integer, floating, complex and ml_dtypes arrays can)."
                 ) from None
             tensors.append((name, leaf))
-        elif type(leaf) in _SIMPLE:
+        elif type(leaf) in SIMPLE:
             values[name] = _encode(leaf)
-    write_checkpoint(
-        path_or_file, tensors, {"treemod.values": json.dumps(values, ensure_ascii=False)}
-    )
+    metadata = {"treemod.values": json.dumps(values, ensure_ascii=False)}
+    metadata["treemod.keys"] = json.dumps(keys)
+    write_checkpoint(path_or_file, tensors, metadata)
 
 
-def _kind(leaf: Any) -> str:
-    if isinstance(leaf, jax.ShapeDtypeStruct) or is_array(leaf):
-        return "array"
-    return "value" if type(leaf) in _SIMPLE else "other"
-
-
-def _under(name: str, prefix: str) -> bool:
-    return not prefix or name == prefix or (name.startswith(prefix) and name[len(prefix)] in ".[")
-
-
-_TOP = re.compile(r"^(\.[^.\[]+|\[[^\]]*\])")
-
-
-def _a(x: Any) -> str:
-    name = type(x).__name__
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
-
-
-def _check(
-    reader: Reader, values: dict[str, Any], targets: list[tuple[str, Any]], prefix: str
-) -> list[str]:
-    """Every mismatch between the file (under `prefix`) and the `like` leaves `targets`."""
-    problems = []
-    wanted = set()
-    for name, leaf in targets:
-        wanted.add(name)
-        kind = _kind(leaf)
-        info = reader.tensors.get(name)
-        if kind == "array":
-            if info is not None:
-                bad_shape = tuple(info.shape) != tuple(leaf.shape)
-                bad_dtype = info.dtype.name != np.dtype(leaf.dtype).name  # byte order aside
-                if bad_shape or bad_dtype:
-                    what = " and ".join(
-                        w for w, b in (("shape", bad_shape), ("dtype", bad_dtype)) if b
-                    )
-                    problems.append(
-                        f"wrong {what}: {name} is {_describe_array(info)} in the file but "
-                        f"{_describe_array(leaf)} in like"
-                    )
-            elif name in values:
-                if not _weak_scalar_accepts(leaf, values[name]):
-                    problems.append(
-                        f"wrong type: {name} is {_a(values[name])} value in the file but an "
-                        f"array {_describe_array(leaf)} in like"
-                    )
-            else:
-                problems.append(f"missing: {name} ({_describe_array(leaf)} in like)")
-        elif kind == "value":
-            if info is not None:
-                problems.append(
-                    f"wrong type: {name} is an array {_describe_array(info)} in the file but "
-                    f"{_a(leaf)} value in like"
-                )
-            elif name not in values:
-                problems.append(f"missing: {name} ({_a(leaf)} value in like)")
-            elif type(values[name]) is not type(leaf):
-                problems.append(
-                    f"wrong type: {name} is {_a(values[name])} value in the file but "
-                    f"{_a(leaf)} value in like"
-                )
-        elif info is not None or name in values:
-            problems.append(f"wrong type: {name} is data in the file but {_a(leaf)} in like")
-    for name in sorted(set(reader.tensors) | set(values)):
-        if _under(name, prefix) and name not in wanted:
-            info = reader.tensors.get(name)
-            what = _describe_array(info) if info else f"{_a(values[name])} value"
-            problems.append(f"unexpected: {name} ({what} in the file, not in like)")
-    if targets and not any(_under(n, prefix) for n in set(reader.tensors) | set(values)):
-        tops = sorted({m.group(1) for n in reader.tensors if (m := _TOP.match(n))})
-        problems.append(
-            f"the file has nothing under prefix {prefix!r}; its top-level key paths are "
-            f"{', '.join(tops) or '(none)'}"
-        )
-    return problems
-
-
-def _weak_scalar_accepts(leaf: Any, value: Any) -> bool:
-    """Whether `like`'s leaf is a placeholder `jax.eval_shape` made of a Python number `value`."""
-    if not (isinstance(leaf, jax.ShapeDtypeStruct) and leaf.weak_type and leaf.shape == ()):
-        return False
-    kinds = {bool: np.bool_, int: np.integer, float: np.floating, complex: np.complexfloating}
-    return type(value) in kinds and np.issubdtype(leaf.dtype, kinds[type(value)])
-
-
-def _to_like(host: np.ndarray, leaf: Any) -> Any:
+def _to_like(host: Any, leaf: Any) -> Any:
     """Turn a loaded host array into the kind of array `leaf` is, on its devices."""
     if isinstance(leaf, np.ndarray):
         return host
@@ -232,6 +146,8 @@ def _to_like(host: np.ndarray, leaf: Any) -> Any:
         out = jax.device_put(host, sharding)
     else:
         out = jax.device_put(host)
+    if is_key(leaf):
+        return out
     if getattr(leaf, "weak_type", False):
         from jax._src.lax.lax import _convert_element_type
 
@@ -334,7 +250,8 @@ def load(
     with open_checkpoint(path_or_file, allow_foreign) as reader:
         raw_values = reader.json_metadata("treemod.values", {})
         values = {n: _decode(reader.label, n, e) for n, e in raw_values.items()}
-        problems = _check(reader, values, targets, prefix)
+        keys = reader.json_metadata("treemod.keys", {})
+        problems = check(reader.tensors, values, keys, targets, prefix)
         if problems:
             shown = problems[:_MAX_LISTED]
             more = len(problems) - len(shown)
@@ -350,20 +267,23 @@ def load(
         # Checksums are computed in a second thread while the next tensor is read and placed;
         # all are awaited (and the first failure raised) before anything is returned.
         with ThreadPoolExecutor(1) as checker:
-            checks = []
+            pending = []
             for name, leaf in targets:
-                kind = _kind(leaf)
-                if kind == "array" and name in reader.tensors:
+                leaf_kind = kind(leaf)
+                if leaf_kind == "array" and name in reader.tensors:
                     info = reader.tensors[name]
                     buf = reader.read_bytes(info)
-                    checks.append(checker.submit(reader.check, info, buf))
-                    new_leaves.append(_to_like(reader.as_array(info, buf), leaf))
-                elif kind in ("array", "value") and name in values:
+                    pending.append(checker.submit(reader.check, info, buf))
+                    host: Any = reader.as_array(info, buf)
+                    if is_key(leaf):
+                        host = wrap_key(reader.label, name, host, keys[name])
+                    new_leaves.append(_to_like(host, leaf))
+                elif leaf_kind in ("array", "value") and name in values:
                     new_leaves.append(values[name])
                 else:
                     new_leaves.append(leaf)
-            for check in checks:
-                check.result()
+            for done in pending:
+                done.result()
     loaded = jtu.tree_unflatten(treedef, new_leaves)
     if where is None:
         return loaded
