@@ -581,3 +581,27 @@ def test_law_any_batch_shape_is_accepted(batch, n):
         return Batched(x, x)(x)
 
     assert jax.eval_shape(run).shape == tuple(batch)
+
+
+def test_checks_run_only_while_tracing_under_filter_jit(monkeypatch):
+    filter_jit = getattr(tm, "filter_jit", None)
+    if filter_jit is None:
+        pytest.skip("treemod.filter_jit does not exist yet")
+    calls = []
+    original = _shapecheck._check_value
+
+    def counting(*args: Any) -> str:
+        calls.append(args[2])
+        return original(*args)
+
+    monkeypatch.setattr(_shapecheck, "_check_value", counting)
+    step = filter_jit(lambda m, x: m(x))
+    layer = lin(2, 3)
+    calls.clear()
+    step(layer, jnp.ones(3))
+    assert len(calls) == 4
+    step(layer, jnp.ones(3))
+    step(layer, jnp.ones(3))
+    assert len(calls) == 4
+    with pytest.raises(tm.ShapeCheckError, match=r"^Linear\.__call__ argument x"):
+        step(layer, jnp.ones(5))  # a new shape retraces, and the check fires
