@@ -72,9 +72,9 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
 
     Arrays are stored under their key paths (`jax.tree_util.keystr`: `.layers[0].weight`,
     `['step']`), with dtype, shape and a SHA-256 checksum; `int`, `float`, `bool`, `complex` and
-    `str` leaves are stored too, and PRNG key arrays as their key data. Static fields and other leaves (functions, objects) are not:
-    they come from `like` when loading. Sharded arrays are gathered one at a time and
-    `treemod.State` values are saved like any array.
+    `str` leaves are stored too, and PRNG key arrays as their key data. Static fields and other
+    leaves (functions, objects) are not: they come from `like` when loading. Sharded arrays are
+    gathered one at a time and `treemod.State` values are saved like any array.
 
     Writing to a path is atomic: the file is written to a temporary file in the same directory,
     flushed and fsynced, then renamed over `path`, so a crash leaves either the old file or the
