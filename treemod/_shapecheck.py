@@ -51,6 +51,20 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
     The message names the module class and field (or the function and argument), the expected
     annotation with the dimension sizes bound so far and what bound them, and the value found.
     It subclasses `jaxtyping.TypeCheckError` (a `TypeError`).
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> from jaxtyping import Array, Float
+        >>> class Affine(tm.Module):
+        ...     weight: Float[Array, "out in"]
+        ...     bias: Float[Array, " out"]
+        >>> try:
+        ...     Affine(jnp.zeros((64, 32)), jnp.zeros(32))
+        ... except tm.ShapeCheckError as e:
+        ...     print(e)
+        Affine.bias: expected Float[Array, 'out'] with out=64 (bound by Affine.weight), got f32[32]
+          reason: the size of dimension out is 32 which does not equal the existing value of 64
+          other dimensions bound so far: in=32 (bound by Affine.weight)
     """
 
 

@@ -24,7 +24,20 @@ _TYPEGUARD_PIN = "pip install 'typeguard>=2.13.3,<3'"
 
 
 class ShapeCheckerError(RuntimeError):
-    """The runtime type checker chosen for shape checks is missing or does not really check."""
+    """The runtime type checker chosen for shape checks is missing or does not really check.
+
+    Raised when checks are turned on (or at the first check) if, for example, typeguard 3 or 4
+    is installed: they check nothing for jaxtyping annotations. The message says what to
+    install.
+
+    Example:
+        >>> import treemod as tm
+        >>> try:
+        ...     tm.set_shape_checks(True, checker="beartype")
+        ... except tm.ShapeCheckerError as e:  # only if beartype is missing or broken
+        ...     print(e)
+        >>> tm.set_shape_checks(True, checker="typeguard")
+    """
 
 
 def _env_enabled() -> bool:
