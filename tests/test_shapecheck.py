@@ -605,3 +605,14 @@ def test_checks_run_only_while_tracing_under_filter_jit(monkeypatch):
     assert len(calls) == 4
     with pytest.raises(tm.ShapeCheckError, match=r"^Linear\.__call__ argument x"):
         step(layer, jnp.ones(5))  # a new shape retraces, and the check fires
+
+
+def test_compiled_step_is_the_same_program_with_checks_on_and_off():
+    def step(m, x):
+        return jax.grad(lambda m: jnp.sum(m(x)))(m)
+
+    texts = []
+    for flag in (True, False):
+        with tm.shape_checks(flag):
+            texts.append(jax.jit(step).lower(lin(2, 3), jnp.ones(3)).as_text())
+    assert texts[0] == texts[1]
