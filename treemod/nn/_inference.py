@@ -62,7 +62,8 @@ def inference_mode(model: _T, value: bool = True) -> _T:
         >>> import jax, treemod as tm
         >>> model = [tm.nn.BatchNorm(3), {"norm": tm.nn.BatchNorm(3)}]
         >>> evaluation = tm.nn.inference_mode(model)
-        >>> evaluation[0].inference, evaluation[1]["norm"].inference
+        >>> first, rest = evaluation
+        >>> first.inference, rest["norm"].inference
         (True, True)
         >>> tm.nn.inference_mode(evaluation, False)[0].inference
         False
