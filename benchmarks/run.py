@@ -209,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output directory")
     parser.add_argument("--config", default="{}", help="JSON overrides of the worker settings")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="start no new process after this many minutes (the results so far are kept)",
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not refresh docs/")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -245,31 +251,66 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
     }
     jobs = plan(frameworks, names, repeats, grouped=args.quick)
+    meta["planned_processes"] = len(jobs)
     records: list[dict[str, Any]] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     bar = _progress(len(jobs), args.no_progress)
-    for i, (fw, job_names) in enumerate(jobs):
-        bar.set_description(f"{LABELS[fw]:<10} {','.join(job_names)[:24]:<24}")
-        for rec in run_job(fw, job_names, args.quick, config, args.timeout):
-            rec["repeat"] = i
-            records.append(rec)
-        bar.update(1)
+    done = 0
+    try:
+        for fw, job_names in jobs:
+            if args.budget_min is not None and time.perf_counter() - t0 > 60 * args.budget_min:
+                meta["stopped"] = f"time budget of {args.budget_min:g} min reached"
+                break
+            bar.set_description(f"{LABELS[fw]:<10} {','.join(job_names)[:24]:<24}")
+            for rec in run_job(fw, job_names, args.quick, config, args.timeout):
+                rec["process"] = done
+                records.append(rec)
+            done += 1
+            bar.update(1)
+            # Keep what is measured so far, in case the run is stopped.
+            partial = _assemble(meta, status, specs, names, frameworks, records)
+            (out_dir / "results.json").write_text(json.dumps(partial, indent=1))
+    except KeyboardInterrupt:
+        meta["stopped"] = "interrupted"
     bar.close()
+    meta["completed_processes"] = done
     meta["duration_s"] = time.perf_counter() - t0
     meta["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     meta["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    data = _assemble(meta, status, specs, names, frameworks, records)
+    from . import report  # matplotlib loads only now
 
+    data["targets"] = report.targets(data)
+    (out_dir / "results.json").write_text(json.dumps(data, indent=1))
+    written = report.write(data, out_dir)
+    if not args.quick and args.out is None and not args.no_docs:
+        written += report.update_docs(data, out_dir)
+    print(f"wrote {', '.join(str(p) for p in [out_dir / 'results.json', *written])}")
+    for st in data["frameworks"].values():
+        if st["status"] != "ok":
+            print(f"{st['label']}: {st['status']}: {st.get('reason', '')}", file=sys.stderr)
+    return 0
+
+
+def _assemble(
+    meta: dict[str, Any],
+    status: dict[str, dict[str, Any]],
+    specs: dict[str, Any],
+    names: list[str],
+    frameworks: list[str],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The results document: metadata, framework status, workloads, records and summary."""
+    status = {fw: dict(st) for fw, st in status.items()}
     for fw in frameworks:
-        errs = [r["error"] for r in records if r["framework"] == fw and "error" in r]
+        mine = [r for r in records if r["framework"] == fw]
+        errs = [r["error"] for r in mine if "error" in r]
         if errs:
-            status[fw]["status"] = (
-                "failed"
-                if len(errs) == sum(r["framework"] == fw for r in records)
-                else "partly failed"
-            )
+            status[fw]["status"] = "failed" if len(errs) == len(mine) else "partly failed"
             status[fw]["reason"] = errs[0]
-    data = {
-        "meta": meta,
+    return {
+        "meta": dict(meta),
         "frameworks": status,
         "workloads": {
             n: {
@@ -282,19 +323,6 @@ def main(argv: list[str] | None = None) -> int:
         "records": records,
         "summary": summarise(records),
     }
-    from . import report  # matplotlib loads only now
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data["targets"] = report.targets(data)
-    (out_dir / "results.json").write_text(json.dumps(data, indent=1))
-    written = report.write(data, out_dir)
-    if not args.quick and args.out is None and not args.no_docs:
-        written += report.update_docs(data, out_dir)
-    print(f"wrote {', '.join(str(p) for p in [out_dir / 'results.json', *written])}")
-    for st in status.values():
-        if st["status"] != "ok":
-            print(f"{st['label']}: {st['status']}: {st.get('reason', '')}", file=sys.stderr)
-    return 0
 
 
 class _NoBar:

@@ -80,7 +80,16 @@ def _build() -> dict[str, Any]:
         grads = jax.grad(loss)(params)
         return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads)
 
+    class Probe(tm.Module):
+        weight: Float[Array, "out in"]
+        bias: Float[Array, " out"]
+
+        def identity(self, x: Float[Array, "batch in"]) -> Float[Array, "batch in"]:
+            return x  # no JAX op: timing it times the checks alone
+
     return {
+        "Probe": Probe,
+        "Linear": Linear,
         "tm": tm,
         "jax": jax,
         "model": model,
@@ -163,7 +172,30 @@ def run(quick: bool = False) -> dict[str, Any]:
                 jax.block_until_ready(out)
                 eager[key].append((time.perf_counter() - start) / 10 * 1e6)
 
+    # The checks alone, in eager code: a method whose body does nothing, and a construction.
+    w, b = env["params"]["w"][0], env["params"]["b"][0]
+    probe = env["Probe"](w, b)
+    n = 200 if quick else 2000
+    python_cost: dict[str, dict[str, list[float]]] = {
+        "call": {"on": [], "off": []},
+        "construct": {"on": [], "off": []},
+    }
+    for _ in range(repeats):
+        for key, flag in (("on", True), ("off", False)):
+            with tm.shape_checks(flag):
+                start = time.perf_counter()
+                for _ in range(n):
+                    probe.identity(x)
+                python_cost["call"][key].append((time.perf_counter() - start) / n * 1e6)
+                start = time.perf_counter()
+                for _ in range(n):
+                    env["Linear"](w, b)
+                python_cost["construct"][key].append((time.perf_counter() - start) / n * 1e6)
+
     return {
+        "checks_alone_us": {
+            what: {k: _stats(v) for k, v in d.items()} for what, d in python_cost.items()
+        },
         "setup": {"width": WIDTH, "batch": BATCH, "depth": DEPTH, "rounds": rounds, "block": block},
         "device": str(jax.devices()[0]),
         "steady_state_step_us": steady,
@@ -183,11 +215,13 @@ def _print(results: dict[str, Any]) -> None:
     print(f"checks on / checks off (steady state): {results['checks_on_over_off']:.3f}")
     same = results["same_program_with_checks_on_and_off"]
     print(f"same lowered program with checks on and off: {same}")
-    for what in ("trace_us", "eager_forward_us"):
-        on, off = results[what]["on"], results[what]["off"]
+    rows = [(what, results[what]) for what in ("trace_us", "eager_forward_us")]
+    rows += [(f"{what}_us (checks alone)", d) for what, d in results["checks_alone_us"].items()]
+    for what, d in rows:
+        on, off = d["on"], d["off"]
         print(
-            f"{what}: on {on['median']:.0f} ({on['min']:.0f}-{on['max']:.0f}), "
-            f"off {off['median']:.0f} ({off['min']:.0f}-{off['max']:.0f})"
+            f"{what}: on {on['median']:.1f} ({on['min']:.1f}-{on['max']:.1f}), "
+            f"off {off['median']:.1f} ({off['min']:.1f}-{off['max']:.1f})"
         )
 
 

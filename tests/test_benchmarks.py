@@ -1,0 +1,312 @@
+"""The benchmark suite: workload sizes against PyTorch, the harness, and a `--quick` smoke run.
+
+The smoke run uses only treemod and plain JAX (so it passes without the peers installed) on the
+smallest workload; the harness logic (round-robin plan, statistics, ratios, targets, Markdown,
+docs refresh, skip reasons) is tested on synthetic results.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import report, run
+from benchmarks.worker import COMPILE, LOWER, TRACE, CompileEvents
+from benchmarks.workloads.spec import FRAMEWORKS, describe, expected_params, workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the workloads ---------------------------------------------------------------------------
+
+
+def _torch_params(w: Any) -> int:
+    """The same architecture in PyTorch, counted by PyTorch (an independent reference)."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    if w.kind == "mlp":
+        layers = [nn.Linear(w.width, w.width)]
+        layers += [nn.Linear(w.width, w.width) for _ in range(w.depth - 1)]
+        model: Any = nn.Sequential(*layers, nn.Linear(w.width, w.classes))
+    elif w.kind == "resnet":
+        mods: list[Any] = [nn.Conv2d(3, w.widths[0], 3, padding=1, bias=False)]
+        mods.append(nn.BatchNorm2d(w.widths[0]))
+        cin = w.widths[0]
+        for stage, (cout, n) in enumerate(zip(w.widths, w.blocks, strict=True)):
+            for b in range(n):
+                stride = 2 if stage > 0 and b == 0 else 1
+                mods += [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)]
+                mods += [nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)]
+                if stride != 1 or cin != cout:
+                    mods += [nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)]
+                cin = cout
+        model = nn.Sequential(*mods, nn.Linear(cin, w.classes))
+    else:
+        layer = nn.TransformerEncoderLayer(
+            w.width, w.heads, w.mlp_ratio * w.width, w.dropout, norm_first=True
+        )
+        # One block, counted `depth` times (building 48 full-size blocks would be slow).
+        model = nn.ModuleList(
+            [
+                nn.Embedding(w.vocab, w.width),
+                nn.Embedding(w.seq, w.width),
+                nn.LayerNorm(w.width),
+                nn.Linear(w.width, w.classes),
+            ]
+        )
+        block = sum(p.numel() for p in layer.parameters())
+        return sum(p.numel() for p in model.parameters()) + w.depth * block
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", list(workloads()))
+def test_expected_params_match_pytorch(name: str) -> None:
+    w = workloads()[name]
+    assert expected_params(w) == _torch_params(w)
+
+
+def test_full_size_resnet18_has_the_published_parameter_count() -> None:
+    # The CIFAR ResNet-18 (3x3 stem, widths 64-512): 11,173,962 trainable parameters.
+    assert expected_params(workloads()["resnet18"]) == 11_173_962
+
+
+def _abstract_params(framework: str, w: Any) -> int:
+    module = importlib.import_module(f"benchmarks.workloads.{_MODULE[framework]}")
+    case = module.build(w)
+    with warnings.catch_warnings(), jax.numpy_dtype_promotion("standard"):
+        warnings.simplefilter("ignore")
+        model = case.make_model_abstract(0)
+    return case.count_params(model)
+
+
+_MODULE = {
+    "jax": "jax_dicts",
+    "treemod": "treemod_models",
+    "equinox": "equinox_models",
+    "nnx": "nnx_models",
+    "linen": "linen_models",
+    "haiku": "haiku_models",
+}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("name", list(workloads(quick=True)))
+def test_every_framework_builds_the_same_parameter_count(framework: str, name: str) -> None:
+    if run.unavailable(framework):
+        pytest.skip(f"{framework}: {run.unavailable(framework)}")
+    w = workloads(quick=True)[name]
+    assert _abstract_params(framework, w) == expected_params(w), describe(w)
+
+
+# --- the harness -----------------------------------------------------------------------------
+
+
+def test_plan_alternates_frameworks_round_robin() -> None:
+    jobs = run.plan(["a", "b", "c"], ["w1", "w2"], repeats=3, grouped=False)
+    assert len(jobs) == 3 * 2 * 3
+    for start in range(0, len(jobs), 3):  # each (repeat, workload) runs every framework once
+        group = jobs[start : start + 3]
+        assert sorted(fw for fw, _ in group) == ["a", "b", "c"]
+        assert len({tuple(names) for _, names in group}) == 1
+    firsts = [jobs[i][0] for i in range(0, len(jobs), 6)]  # the first of each repeat rotates
+    assert firsts == ["a", "b", "c"]
+    grouped = run.plan(["a", "b"], ["w1", "w2"], repeats=2, grouped=True)
+    assert grouped == [("a", ["w1", "w2"]), ("b", ["w1", "w2"])] * 1 + [
+        ("b", ["w1", "w2"]),
+        ("a", ["w1", "w2"]),
+    ]
+
+
+def _record(fw: str, wl: str, first: float, step: float, shared: bool = False) -> dict:
+    return {
+        "framework": fw,
+        "workload": wl,
+        "import_s": 2.0,
+        "import_framework_s": 0.5,
+        "import_jax_s": 1.0,
+        "import_optax_s": 0.5,
+        "imports_shared": shared,
+        "first_call_s": first,
+        "step_tiny_s": step,
+        "params": 10,
+    }
+
+
+def test_summarise_takes_medians_ranges_and_ratios_to_plain_jax() -> None:
+    records = [
+        _record("jax", "w", 1.0, 0.010),
+        _record("jax", "w", 3.0, 0.030),
+        _record("jax", "w", 2.0, 0.020),
+        _record("treemod", "w", 2.2, 0.021),
+        _record("treemod", "w", 1.8, 0.019, shared=True),
+        {"framework": "treemod", "workload": "w", "error": "RuntimeError: boom"},
+    ]
+    s = run.summarise(records)
+    jax_first = s["w"]["jax"]["metrics"]["first_call_s"]
+    assert jax_first == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    tm = s["w"]["treemod"]
+    assert tm["metrics"]["first_call_s"]["median"] == pytest.approx(2.0)
+    assert tm["ratio"]["first_call_s"] == pytest.approx(1.0)
+    assert tm["ratio"]["step_tiny_s"] == pytest.approx(1.0)
+    assert tm["metrics"]["import_s"]["n"] == 1  # a shared import is not a fresh-process figure
+    assert tm["errors"] == ["RuntimeError: boom"]
+
+
+def _data(frameworks: dict[str, str], records: list[dict]) -> dict[str, Any]:
+    specs = workloads(quick=True)
+    names = sorted({r["workload"] for r in records})
+    status = {fw: {"label": fw, "status": st} for fw, st in frameworks.items()}
+    for fw, st in status.items():
+        if st["status"] == "skipped":
+            st["reason"] = f"{fw} is not installed (`pip install {fw}`, or `make bench`)"
+    meta = {
+        "mode": "quick",
+        "repeats": 1,
+        "processes": "one per framework",
+        "started": "t0",
+        "finished": "t1",
+        "duration_s": 60.0,
+        "machine": run.machine(),
+    }
+    ok = [fw for fw, st in frameworks.items() if st != "skipped"]
+    data = run._assemble(meta, status, specs, names, ok, records)
+    data["targets"] = report.targets(data)
+    return data
+
+
+def test_targets_compare_treemod_with_plain_jax_peers_and_its_own_depth() -> None:
+    records = [
+        _record("jax", "stack4_scan", 1.0, 0.010),
+        _record("treemod", "stack4_scan", 1.04, 0.012),
+        _record("equinox", "stack4_scan", 1.5, 0.030),
+        _record("jax", "stack48_scan", 1.2, 0.100),
+        _record("treemod", "stack48_scan", 1.3, 0.100),
+        _record("equinox", "stack48_scan", 1.25, 0.300),
+    ]
+    data = _data({"jax": "ok", "treemod": "ok", "equinox": "ok"}, records)
+    got = {t["name"]: (round(t["value"], 3), t["ok"]) for t in data["targets"]}
+    assert got["stack4_scan: first call / plain JAX"] == (1.04, True)
+    assert got["stack4_scan: tiny-batch step / plain JAX"] == (1.2, False)
+    assert got["stack48_scan: first call / plain JAX"] == (round(1.3 / 1.2, 3), False)
+    assert got["stack48_scan: first call / fastest peer (Equinox)"] == (1.04, False)
+    assert got["Stack: first call, 48 blocks / 4 blocks"] == (1.25, True)
+
+
+def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path) -> None:
+    records = [
+        _record("jax", "mlp8", 1.0, 0.001),
+        _record("treemod", "mlp8", 1.02, 0.00105),
+        {"framework": "nnx", "workload": "mlp8", "error": "ImportError: no flax"},
+    ]
+    data = _data({"jax": "ok", "treemod": "ok", "haiku": "skipped", "nnx": "ok"}, records)
+    md = report.markdown(data)
+    assert "| MLP, depth 8 | 1.00 | 1.02 (1.02×) | failed |" in md
+    assert "**haiku**: skipped: haiku is not installed (`pip install haiku`" in md
+    assert "**nnx**: failed: ImportError: no flax" in md
+    assert "| mlp8: first call / plain JAX | 1.02× | ≤ 1.05× | yes |" in md
+    assert "![First call of the training step (s, log scale)](first_call.png)" in md
+
+
+def test_update_docs_replaces_only_the_generated_part(tmp_path: Path, monkeypatch) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\noutro\n")
+    monkeypatch.setattr(report, "DOCS_PAGE", page)
+    monkeypatch.setattr(report, "DOCS_IMG", tmp_path / "img")
+    records = [_record("jax", "mlp8", 1.0, 0.001), _record("treemod", "mlp8", 1.0, 0.001)]
+    data = _data({"jax": "ok", "treemod": "ok"}, records)
+    (tmp_path / "first_call.png").write_bytes(b"png")
+    report.update_docs(data, tmp_path)
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n") and text.endswith("\n\noutro\n")
+    assert "old" not in text and "### First call of the training step" in text
+    assert "(img/bench/first_call.png)" in text
+    assert (tmp_path / "img" / "first_call.png").read_bytes() == b"png"
+
+
+def test_update_docs_without_markers_leaves_the_page_alone(tmp_path: Path, monkeypatch) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n")
+    monkeypatch.setattr(report, "DOCS_PAGE", page)
+    monkeypatch.setattr(report, "DOCS_IMG", tmp_path / "img")
+    data = _data({"jax": "ok"}, [_record("jax", "mlp8", 1.0, 0.001)])
+    report.update_docs(data, tmp_path)
+    assert page.read_text() == "# Benchmarks\n"
+
+
+def test_missing_peer_is_skipped_with_a_reason(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        run.importlib.util, "find_spec", lambda n, *a: None if n == "haiku" else real(n, *a)
+    )
+    reason = run.unavailable("haiku")
+    assert reason is not None and "haiku is not installed" in reason and "dm-haiku" in reason
+    assert run.unavailable("jax") is None
+
+
+def test_unknown_workload_is_a_clear_cli_error(capsys) -> None:
+    with pytest.raises(SystemExit):
+        run.main(["--workloads", "mlp9", "--out", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert "unknown workload or framework 'mlp9'" in err and "mlp8" in err
+
+
+def test_compile_events_split_the_first_call_into_trace_lower_compile() -> None:
+    events = CompileEvents()
+    f = jax.jit(lambda x: jnp.sin(x) * 2.0 + 1.0)
+    x = jnp.ones(3).block_until_ready()
+    jax.monitoring.register_event_duration_secs_listener(events)
+    try:
+        f(x).block_until_ready()
+        got = events.summary()
+        events.reset()
+        f(x).block_until_ready()  # cached: nothing is traced or compiled
+        again = events.summary()
+    finally:
+        jax._src.monitoring.unregister_event_duration_listener(events)
+    assert got["n_compiles"] == 1
+    assert got["trace_s"] > 0 and got["lower_s"] > 0 and got["compile_s"] > 0
+    assert again == {"trace_s": 0.0, "lower_s": 0.0, "compile_s": 0.0, "n_compiles": 0}
+    assert {TRACE, LOWER, COMPILE} == {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+
+
+# --- the smoke run ---------------------------------------------------------------------------
+
+
+def test_quick_run_with_treemod_and_plain_jax(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--frameworks", "jax,treemod"]
+    cmd += ["--workloads", "mlp8", "--out", str(tmp_path), "--no-progress"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["meta"]["mode"] == "quick" and data["meta"]["machine"]["cores"]
+    assert data["meta"]["machine"]["versions"]["jax"] == jax.__version__
+    recs = {r["framework"]: r for r in data["records"]}
+    assert set(recs) == {"jax", "treemod"}
+    for fw, rec in recs.items():
+        assert "error" not in rec, (fw, rec.get("traceback"))
+        assert rec["params"] == expected_params(workloads(quick=True)["mlp8"])
+        assert rec["first_call_s"] >= rec["compile_s"] > 0 and rec["n_compiles"] >= 1
+        assert 0 < rec["step_tiny_s"] < rec["first_call_s"]
+        assert rec["import_s"] >= rec["import_jax_s"] > 0
+    assert data["summary"]["mlp8"]["treemod"]["ratio"]["first_call_s"] > 0
+    md = (tmp_path / "results.md").read_text()
+    assert "| workload | plain JAX | treemod |" in md
+    if importlib.util.find_spec("matplotlib") is not None:
+        for png in ("first_call.png", "step_tiny.png", "step_big.png", "import.png"):
+            assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
