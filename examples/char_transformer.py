@@ -112,7 +112,8 @@ class Transformer(tm.Module):
     ) -> Float[Array, "*batch seq 256"]:
         seq = tokens.shape[-1]
         causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))  # query i sees keys 0..i
-        x = self.token_embedding(tokens) + self.position_embedding(jnp.arange(seq))
+        positions = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
         x = self.blocks(x, causal, key=key)
         return self.head(self.norm(x))
 
