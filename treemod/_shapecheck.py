@@ -37,6 +37,7 @@ from ._shapecheck_config import (
     enabled_for,
     ensure_checker,
 )
+from ._shapecheck_fast import array_checker
 from ._shapecheck_hook import install_call_checker, install_field_checker, wrap_checked
 
 __all__ = ["ShapeCheckError", "shapecheck"]
@@ -75,6 +76,7 @@ class _Entry:
     text: str
     dims: tuple[str, ...]
     kind: Any = None  # inspect.Parameter kind, for arguments
+    fast: Callable[[Any], bool] | None = None  # a fast check of common array annotations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +94,8 @@ def _name(obj: Any) -> str:
 
 
 def _entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
-    return _Entry(name, annotation, format_annotation(annotation), dim_names(annotation), kind)
+    text = format_annotation(annotation)
+    return _Entry(name, annotation, text, dim_names(annotation), kind, array_checker(annotation))
 
 
 def _unresolved(what: str, annotation: Any, error: Exception) -> NameError:
@@ -198,13 +201,21 @@ def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str
 
 
 def _check(entry: _Entry, value: Any, where: str, who: str, binders: dict, checker: str) -> None:
-    before = _bound_dims()
-    reason = _check_value(entry.annotation, value, entry.name, checker)
-    after = _bound_dims()
+    if entry.fast is not None and entry.fast(value):
+        reason = ""
+    else:
+        reason = _check_value(entry.annotation, value, entry.name, checker)
     if not reason:
-        for name in after.keys() - before.keys():
-            binders[name] = who
+        # Dimensions bound for the first time were bound by this value.
+        single, variadic, _, _ = get_shape_memo()
+        for name in single:
+            if name not in binders:
+                binders[name] = who
+        for name in variadic:
+            if "*" + name not in binders:
+                binders["*" + name] = who
         return
+    after = _bound_dims()
     relevant = [n for n in entry.dims if n in after]
     others = [n for n in after if n not in relevant]
     message = f"{where}: expected {entry.text}"
