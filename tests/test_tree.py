@@ -169,6 +169,12 @@ def test_tree_equal_returns_python_bools() -> None:
     assert tm.tree_equal(jnp.array([jnp.nan]), jnp.array([jnp.nan])) is False  # like ==
 
 
+def test_tree_equal_needs_a_tree() -> None:
+    assert tm.tree_equal([1]) is True
+    with pytest.raises(TypeError, match="needs at least one pytree"):
+        tm.tree_equal()
+
+
 def test_tree_equal_static_values_are_compared() -> None:
     a = Layer(jnp.ones(1), None, size=2)
     assert tm.tree_equal(a, Layer(jnp.ones(1), None, size=3)) is False

@@ -199,6 +199,8 @@ def tree_equal(*pytrees: Any, rtol: float = 0.0, atol: float = 0.0) -> Any:
         >>> tm.tree_equal(jnp.ones(2), jnp.ones(2) + 1e-7, atol=1e-6)
         True
     """
+    if not pytrees:
+        raise TypeError("tree_equal() needs at least one pytree to compare.")
     first, *rest = pytrees
     leaves0, treedef0 = jtu.tree_flatten(first)
     result: Any = True
