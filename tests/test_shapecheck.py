@@ -529,13 +529,13 @@ def test_unannotated_modules_pay_nothing():
 
 def test_checks_run_only_while_tracing(monkeypatch):
     calls = []
-    original = _shapecheck._check_value
+    original = _shapecheck._check
 
-    def counting(*args: Any) -> str:
-        calls.append(args[2])
+    def counting(*args: Any) -> None:
+        calls.append(args[3])  # who: the field or argument checked
         return original(*args)
 
-    monkeypatch.setattr(_shapecheck, "_check_value", counting)
+    monkeypatch.setattr(_shapecheck, "_check", counting)
     step = jax.jit(lambda m, x: m(x))
     layer = lin(2, 3)
     calls.clear()
@@ -588,13 +588,13 @@ def test_checks_run_only_while_tracing_under_filter_jit(monkeypatch):
     if filter_jit is None:
         pytest.skip("treemod.filter_jit does not exist yet")
     calls = []
-    original = _shapecheck._check_value
+    original = _shapecheck._check
 
-    def counting(*args: Any) -> str:
-        calls.append(args[2])
+    def counting(*args: Any) -> None:
+        calls.append(args[3])  # who: the field or argument checked
         return original(*args)
 
-    monkeypatch.setattr(_shapecheck, "_check_value", counting)
+    monkeypatch.setattr(_shapecheck, "_check", counting)
     step = filter_jit(lambda m, x: m(x))
     layer = lin(2, 3)
     calls.clear()
