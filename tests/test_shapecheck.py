@@ -477,6 +477,7 @@ def test_default_is_on():
     from treemod._shapecheck_config import _env_checker, _env_enabled
 
     assert os.environ.get("TREEMOD_SHAPE_CHECKS") in (None, "1")
+    assert os.environ.get("JAXTYPING_DISABLE", "0") == "0"
     assert _env_enabled() is True
     assert _env_checker() in ("typeguard", "beartype")
 
@@ -487,6 +488,12 @@ def test_environment_variable(monkeypatch):
     for value, expected in [("0", False), ("off", False), ("1", True), ("TRUE", True)]:
         monkeypatch.setenv("TREEMOD_SHAPE_CHECKS", value)
         assert _env_enabled() is expected
+    monkeypatch.delenv("TREEMOD_SHAPE_CHECKS")
+    monkeypatch.setenv("JAXTYPING_DISABLE", "1")
+    assert _env_enabled() is False  # jaxtyping's switch is honoured when ours is unset
+    monkeypatch.setenv("TREEMOD_SHAPE_CHECKS", "1")
+    assert _env_enabled() is True  # ours wins
+    monkeypatch.delenv("JAXTYPING_DISABLE")
     monkeypatch.setenv("TREEMOD_SHAPE_CHECKS", "maybe")
     with pytest.raises(ValueError, match=r"TREEMOD_SHAPE_CHECKS='maybe' is not understood"):
         _env_enabled()

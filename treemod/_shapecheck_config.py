@@ -41,7 +41,9 @@ class ShapeCheckerError(RuntimeError):
 
 
 def _env_enabled() -> bool:
-    raw = os.environ.get(ENV_ENABLED, "1").strip().lower()
+    # Unset: on, unless jaxtyping's own switch (JAXTYPING_DISABLE=1) turns jaxtyping checks off.
+    default = "0" if os.environ.get("JAXTYPING_DISABLE", "0").strip().lower() in _TRUE else "1"
+    raw = os.environ.get(ENV_ENABLED, default).strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
@@ -113,7 +115,8 @@ def set_shape_checks(enabled: bool, checker: str | None = None) -> None:
 
     Checks are on by default: under `jax.jit` / `filter_jit` they run only while tracing, so a
     compiled step pays nothing. The environment variable `TREEMOD_SHAPE_CHECKS=0` turns them
-    off at import; `TREEMOD_SHAPE_CHECKER=beartype` picks beartype.
+    off at import (as does jaxtyping's `JAXTYPING_DISABLE=1` when `TREEMOD_SHAPE_CHECKS` is
+    unset); `TREEMOD_SHAPE_CHECKER=beartype` picks beartype.
 
     Arguments:
         enabled: `True` to check jaxtyping annotations of module fields and calls.
