@@ -4,7 +4,8 @@ A dispatch-bound training step (SGD on an MLP, width 64, batch 8) at depth 8 and
 contender runs the same step; the floor is `jax.jit` on parameters partitioned once, before the
 loop (what a hand-optimised JAX program does). Contenders alternate inside each round; each
 sample is the mean step time over a block of steps ending in `block_until_ready`; we report the
-median and range over rounds and the ratio of medians to the floor.
+median and range over rounds, and the median over rounds of each contender's time divided by
+the floor's time in the same round (pairing cancels drifts in machine load).
 
 Second part: asynchronous dispatch. A ~200 ms computation is called through each wrapper and
 we time how long the call takes to return (a non-blocking wrapper returns in well under 1 ms).
@@ -178,16 +179,17 @@ def _nnx_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]:
     return {"flax nnx.jit": make}
 
 
-def _time_block(run: Callable[[], Any], steps: int) -> float:
-    start = time.perf_counter()
+def _time_block(run: Callable[[], Any], steps: int) -> tuple[float, float]:
+    """(wall, process CPU) seconds per step over `steps` steps, ending when the result is ready."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         out = run()
     out.block_until_ready()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
-def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[float]]:
-    """Per-step seconds for each contender, `rounds` samples each, contenders alternating."""
+def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[tuple[float, float]]]:
+    """Per-step (wall, CPU) seconds for each contender, `rounds` samples, contenders alternating."""
     makers = {
         **_treemod_contenders(depth),
         **_equinox_contender(depth),
@@ -196,7 +198,7 @@ def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[float]]
     runs = {name: make() for name, make in makers.items()}
     for run in runs.values():  # compile and warm up
         _time_block(run, 3)
-    samples: dict[str, list[float]] = {name: [] for name in runs}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for r in range(rounds):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))
         for name in order:
@@ -259,27 +261,44 @@ def measure_nonblocking(repeats: int) -> dict[str, tuple[float, float]]:
 
 def main(quick: bool = False) -> dict[str, Any]:
     """Run both parts, print tables, and return the figures (for a benchmark suite)."""
-    rounds, steps = (7, 30) if quick else (21, 100)
+    rounds, steps = (9, 30) if quick else (41, 50)
     report: dict[str, Any] = {"dispatch": {}, "nonblocking": {}}
     print(f"dispatch-bound SGD step, MLP width {WIDTH}, batch {BATCH}")
-    print(f"{rounds} rounds x {steps} steps, contenders alternating; per-step time in microseconds")
+    print(f"{rounds} rounds x {steps} steps, contenders alternating; per-step microseconds")
+    print("(wall clock: median, min, max; ratio: median over rounds of contender / floor in the")
+    print(" same round; then the same for process CPU time)")
     for depth in (8, 64):
         samples = measure_depth(depth, rounds, steps)
-        floor = statistics.median(samples["jax.jit (floor)"])
+        floor_pairs = samples["jax.jit (floor)"]
         print(f"\ndepth {depth}")
-        print(f"  {'contender':22s} {'median':>9s} {'min':>9s} {'max':>9s} {'ratio':>7s}")
+        print(
+            f"  {'contender':20s} {'median':>8s} {'min':>8s} {'max':>8s} {'ratio':>6s}"
+            f" {'CPU med':>8s} {'CPU ratio':>9s}"
+        )
         rows = {}
-        for name, xs in samples.items():
-            med = statistics.median(xs)
+        for name, pairs in samples.items():
+            xs = [w for w, _ in pairs]
+            cpus = [c for _, c in pairs]
+            # Ratios are paired by round (the floor ran next to the contender), then the median
+            # is taken: this cancels most of the drift in machine load between rounds.
+            ratio = statistics.median(
+                w / f for (w, _), (f, _) in zip(pairs, floor_pairs, strict=True)
+            )
+            cpu_ratio = statistics.median(
+                c / f for (_, c), (_, f) in zip(pairs, floor_pairs, strict=True)
+            )
+            med, cpu = statistics.median(xs), statistics.median(cpus)
             rows[name] = {
                 "median_us": med * 1e6,
                 "min_us": min(xs) * 1e6,
                 "max_us": max(xs) * 1e6,
-                "ratio_to_floor": med / floor,
+                "ratio_to_floor": ratio,
+                "cpu_median_us": cpu * 1e6,
+                "cpu_ratio_to_floor": cpu_ratio,
             }
             print(
-                f"  {name:22s} {med * 1e6:9.1f} {min(xs) * 1e6:9.1f} {max(xs) * 1e6:9.1f} "
-                f"{med / floor:7.2f}"
+                f"  {name:20s} {med * 1e6:8.1f} {min(xs) * 1e6:8.1f} {max(xs) * 1e6:8.1f}"
+                f" {ratio:6.2f} {cpu * 1e6:8.1f} {cpu_ratio:9.2f}"
             )
         report["dispatch"][depth] = rows
     print("\nnon-blocking dispatch: a ~200 ms computation; time until the call returns")
