@@ -623,3 +623,36 @@ def test_compiled_step_is_the_same_program_with_checks_on_and_off():
         with tm.shape_checks(flag):
             texts.append(jax.jit(step).lower(lin(2, 3), jnp.ones(3)).as_text())
     assert texts[0] == texts[1]
+
+
+def test_shapecheck_on_static_methods_and_callable_objects():
+    class WithStatic(tm.Module):
+        w: Float[Array, " n"]
+
+        @staticmethod
+        @tm.shapecheck
+        def norm(x: Float[Array, " n"]) -> Float[Array, ""]:
+            return jnp.sum(x * x)
+
+    assert WithStatic.norm(jnp.ones(3)).shape == ()
+    with pytest.raises(tm.ShapeCheckError, match=r"norm argument x: expected Float\[Array, 'n'\]"):
+        WithStatic.norm(jnp.ones((2, 2)))
+
+    class Doubler:
+        def __call__(self, x):
+            return 2.0 * x
+
+    doubled = tm.shapecheck(Doubler())
+    assert doubled(jnp.ones(2)).shape == (2,)
+
+
+def test_custom_init_arguments_are_checked():
+    class FromWeight(tm.Module):
+        weight: Float[Array, "n n"]
+
+        def __init__(self, weight: Float[Array, "n n"]):
+            self.weight = weight
+
+    FromWeight(jnp.eye(2))
+    with pytest.raises(tm.ShapeCheckError, match=r"^FromWeight\.__init__ argument weight"):
+        FromWeight(jnp.ones((2, 3)))

@@ -158,7 +158,9 @@ def _analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) ->
     if not params and ret is None:
         return False
     is_method = next(iter(signature.parameters), None) == "self"
-    return _CallSpec(signature, params, ret, is_method, is_method and fn.__name__ != "__init__")
+    return _CallSpec(
+        signature, params, ret, is_method, is_method and getattr(fn, "__name__", "") != "__init__"
+    )
 
 
 # ------------------------------------------------------------------------------ checking
