@@ -124,8 +124,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     key = jax.random.key(args.seed)
     model_key, data_key, dropout_key = jax.random.split(key, 3)
     model = CNN(key=model_key, width=8 if args.quick else 32)
-    print(model)
-    print(tm.tree_summary(model))
+    print(tm.tree_summary(model))  # print(model) shows the whole tree
     schedule = optax.cosine_decay_schedule(args.lr, num_steps)
     optimiser = optax.adamw(schedule, weight_decay=1e-4)
     opt_state = optimiser.init(tm.filter(model, tm.is_param))
