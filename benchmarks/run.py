@@ -58,10 +58,13 @@ METRICS = (
     "trace_s",
     "lower_s",
     "compile_s",
+    "jit_total_s",
     "n_compiles",
     "step_tiny_s",
+    "step_tiny_cpu_s",
     "first_call_big_s",
     "step_big_s",
+    "step_big_cpu_s",
     "params",
 )
 

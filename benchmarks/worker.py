@@ -101,23 +101,30 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t
 
 
-def _steady(case: Any, carry: Any, x: Any, y: Any, iters: int, samples: int) -> tuple[Any, float]:
-    """Median seconds per step over `samples` runs of `iters` asynchronously dispatched steps."""
+def _steady(
+    case: Any, carry: Any, x: Any, y: Any, iters: int, samples: int
+) -> tuple[Any, float, float]:
+    """Median seconds per step (wall and process CPU) over `samples` runs of `iters` steps.
+
+    The steps of a sample are dispatched asynchronously, as in a training loop; the sample ends
+    when the last loss is ready.
+    """
     import jax
 
     step = case.step
     for _ in range(2):  # warm up
         carry, loss = step(carry, x, y)
     jax.block_until_ready(loss)
-    times = []
+    times, cpu = [], []
     for _ in range(samples):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(iters):
             carry, loss = step(carry, x, y)
         jax.block_until_ready(loss)
         times.append((time.perf_counter() - t) / iters)
+        cpu.append((time.process_time() - c) / iters)
     case.wait(carry)
-    return carry, statistics.median(times)
+    return carry, statistics.median(times), statistics.median(cpu)
 
 
 def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, Any]) -> dict:
@@ -156,7 +163,10 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
     res["first_call_s"] = time.perf_counter() - t
     res["first_call_cpu_s"] = time.process_time() - c
     res.update(events.summary())
-    carry, res["step_tiny_s"] = _steady(case, carry, x, y, cfg["tiny_iters"], cfg["tiny_samples"])
+    res["jit_total_s"] = res["trace_s"] + res["lower_s"] + res["compile_s"]
+    carry, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
+        case, carry, x, y, cfg["tiny_iters"], cfg["tiny_samples"]
+    )
 
     if cfg["big"]:
         x, y = _batch(w, w.big_batch, case.channels_last)
@@ -164,7 +174,9 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
         carry, loss = case.step(carry, x, y)
         jax.block_until_ready(loss)
         res["first_call_big_s"] = time.perf_counter() - t
-        carry, res["step_big_s"] = _steady(case, carry, x, y, cfg["big_iters"], cfg["big_samples"])
+        carry, res["step_big_s"], res["step_big_cpu_s"] = _steady(
+            case, carry, x, y, cfg["big_iters"], cfg["big_samples"]
+        )
     res["loss"] = float(loss)
     return res
 

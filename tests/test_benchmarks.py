@@ -130,6 +130,7 @@ def test_plan_alternates_frameworks_round_robin() -> None:
 
 def _record(fw: str, wl: str, first: float, step: float, shared: bool = False) -> dict:
     return {
+        "jit_total_s": first / 2,
         "framework": fw,
         "workload": wl,
         "import_s": 2.0,
@@ -200,7 +201,7 @@ def test_targets_compare_treemod_with_plain_jax_peers_and_its_own_depth() -> Non
     assert got["stack4_scan: tiny-batch step / plain JAX"] == (1.2, False)
     assert got["stack48_scan: first call / plain JAX"] == (round(1.3 / 1.2, 3), False)
     assert got["stack48_scan: first call / fastest peer (Equinox)"] == (1.04, False)
-    assert got["Stack: first call, 48 blocks / 4 blocks"] == (1.25, True)
+    assert got["Stack: trace+lower+compile, 48 blocks / 4"] == (1.25, True)
 
 
 def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path) -> None:
