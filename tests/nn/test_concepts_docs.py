@@ -1,0 +1,21 @@
+"""The python blocks of docs/concepts/keys.md and scan.md run, in order, in one namespace each."""
+
+import pathlib
+import re
+
+import pytest
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts"
+
+
+@pytest.mark.parametrize("page", ["keys.md", "scan.md"])
+def test_concepts_page_runs(page, capsys):
+    text = (DOCS / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, f"{page} has no python blocks"
+    namespace: dict = {"__name__": f"docs_{page}"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"{page}[block {i}]", "exec"), namespace)
+        except Exception as e:  # pragma: no cover - the message is the point
+            raise AssertionError(f"{page}: python block {i} failed: {e!r}\n{block}") from e

@@ -1,0 +1,72 @@
+"""Gradients of every layer against finite differences (`check_grads`, in float64)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.test_util import check_grads
+
+import treemod as tm
+import treemod.nn as nn
+
+F64 = jnp.float64
+
+
+def _layers():
+    k = jax.random.key(0)
+    return {
+        "Linear": (lambda: nn.Linear(3, 2, dtype=F64, key=k), [(4, 3)]),
+        "MLP": (lambda: nn.MLP(2, 2, 3, 1, activation=jnp.tanh, dtype=F64, key=k), [(2,)]),
+        "Conv2d": (
+            lambda: nn.Conv2d(2, 2, 2, stride=2, padding=1, groups=2, dtype=F64, key=k),
+            [(2, 3, 3)],
+        ),
+        "Conv1d": (lambda: nn.Conv1d(2, 2, 3, dilation=2, dtype=F64, key=k), [(2, 6)]),
+        "ConvTranspose1d": (
+            lambda: nn.ConvTranspose1d(2, 2, 3, stride=2, dtype=F64, key=k),
+            [(2, 3)],
+        ),
+        "ConvTranspose2d": (
+            lambda: nn.ConvTranspose2d(1, 2, 2, stride=2, dtype=F64, key=k),
+            [(1, 2, 2)],
+        ),
+        "MaxPool2d": (lambda: nn.MaxPool2d(2, 2), [(1, 4, 4)]),
+        "AvgPool1d": (lambda: nn.AvgPool1d(3, 2, use_ceil=True), [(1, 6)]),
+        "AdaptiveAvgPool2d": (lambda: nn.AdaptiveAvgPool2d((2, 2)), [(1, 3, 3)]),
+        "LayerNorm": (lambda: nn.LayerNorm(4, dtype=F64), [(2, 4)]),
+        "RMSNorm": (lambda: nn.RMSNorm(4, dtype=F64), [(4,)]),
+        "GroupNorm": (lambda: nn.GroupNorm(2, 4, dtype=F64), [(4, 2)]),
+        "MultiheadAttention": (
+            lambda: nn.MultiheadAttention(2, 4, use_query_bias=True, dtype=F64, key=k),
+            [(3, 4), (2, 4), (2, 4)],
+        ),
+        "GRUCell": (lambda: nn.GRUCell(2, 3, dtype=F64, key=k), [(2,), (3,)]),
+        "Stack": (lambda: nn.Stack(lambda k: nn.Linear(2, 2, dtype=F64, key=k), 2, key=k), [(2,)]),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_layers()))
+def test_check_grads(name):
+    with jax.enable_x64(True):
+        make, shapes = _layers()[name]
+        layer = make()
+        params, static = tm.partition(layer, tm.is_inexact_array)
+        xs = [jax.random.normal(jax.random.key(i + 1), s, F64) for i, s in enumerate(shapes)]
+
+        def f(params, *xs):
+            return tm.combine(params, static)(*xs)
+
+        check_grads(f, (params, *xs), order=1, modes=["rev"], atol=1e-5, rtol=1e-5)
+
+
+def test_lstm_and_dropout_and_embedding_grads():
+    with jax.enable_x64(True):
+        cell = nn.LSTMCell(2, 3, dtype=F64, key=jax.random.key(0))
+        x, h, c = (
+            jax.random.normal(jax.random.key(i), s, F64) for i, s in enumerate([(2,), (3,), (3,)])
+        )
+        check_grads(lambda x, h, c: cell(x, (h, c)), (x, h, c), order=1, modes=["rev"])
+        drop = nn.Dropout(0.3)
+        check_grads(lambda x: drop(x, key=jax.random.key(0)), (h,), order=1, modes=["rev"])
+        emb = nn.Embedding(5, 3, dtype=F64, key=jax.random.key(0))
+        idx = jnp.array([0, 3, 3])
+        check_grads(lambda w: nn.Embedding(weight=w)(idx), (emb.weight,), order=1, modes=["rev"])

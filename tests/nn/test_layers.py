@@ -1,0 +1,219 @@
+"""Sequential/Lambda/Identity/Dropout behaviour, and every error path of the layers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import treemod as tm
+import treemod.nn as nn
+
+K = jax.random.key(0)
+
+
+def test_sequential_threads_one_key_per_layer():
+    k1, k2 = jax.random.split(K)
+    model = nn.Sequential([nn.Linear(3, 8, key=k1), jnp.tanh, nn.Dropout(0.5), nn.Lambda(jnp.abs)])
+    x = jnp.ones((2, 3))
+    key = jax.random.key(5)
+    keys = jax.random.split(key, 4)
+    expected = jnp.abs(nn.Dropout(0.5)(jnp.tanh(model[0](x)), key=keys[2]))
+    np.testing.assert_array_equal(model(x, key=key), expected)
+    assert len(model) == 4 and isinstance(model[1:], nn.Sequential) and len(model[1:]) == 3
+    assert list(model)[1] is jnp.tanh
+    # In inference mode no key is needed.
+    inf = tm.tree_at(lambda m: m.layers[2], model, nn.Dropout(0.5, inference=True))
+    np.testing.assert_array_equal(inf(x), jnp.abs(jnp.tanh(model[0](x))))
+
+
+def test_sequential_with_state():
+    class Count(tm.Module):
+        n: tm.State
+
+        def __call__(self, x):
+            tm.update_state(self.n, self.n.value + 1)
+            return x
+
+    model = nn.Sequential(
+        [Count(tm.State(jnp.array(0))), nn.Identity(), Count(tm.State(jnp.array(5)))]
+    )
+    _, model = tm.stateful(model)(jnp.ones(2))
+    assert int(model[0].n.value) == 1 and int(model[2].n.value) == 6
+
+
+def test_dropout_statistics_and_modes():
+    drop = nn.Dropout(0.25)
+    y = drop(jnp.ones(100_000), key=K)
+    assert abs(float((y == 0).mean()) - 0.25) < 0.01
+    np.testing.assert_allclose(float(y.mean()), 1.0, atol=0.01)
+    assert set(np.unique(np.asarray(y)).tolist()) == {0.0, 4.0 / 3.0} or np.allclose(
+        np.unique(np.asarray(y)), [0.0, 4.0 / 3.0]
+    )
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(nn.Dropout(0.5, inference=True)(x), x)
+    np.testing.assert_array_equal(drop(x, inference=True), x)
+    np.testing.assert_array_equal(drop(x, deterministic=True), x)
+    np.testing.assert_array_equal(nn.Dropout(0.0)(x), x)
+    np.testing.assert_array_equal(nn.Dropout(1.0)(x, key=K), jnp.zeros(3))
+
+
+def test_linear_scalar_features():
+    lin = nn.Linear("scalar", 3, key=K)
+    assert lin(jnp.array(2.0)).shape == (3,) and lin.weight.shape == (3, 1)
+    out = nn.Linear(3, "scalar", key=K)
+    assert out(jnp.ones((4, 3))).shape == (4,)
+    np.testing.assert_allclose(out(jnp.ones(3)), out.weight[0].sum() + out.bias[0], rtol=1e-6)
+
+
+def test_embedding_from_weight_and_mlp_widths():
+    emb = nn.Embedding(weight=jnp.eye(3))
+    np.testing.assert_array_equal(emb(jnp.array(1)), jnp.array([0.0, 1.0, 0.0]))
+    mlp = nn.MLP(2, 1, width_size=[4, 5], depth=2, key=K)
+    assert [layer.out_features for layer in mlp.layers] == [4, 5, 1]
+
+
+ERRORS = [
+    (
+        lambda: nn.Linear(3, 2, key=K)(jnp.ones((4, 5))),
+        ValueError,
+        r"Linear: `x` must have shape \(\*batch, in_features=3\)",
+    ),
+    (lambda: nn.Linear(3, 2), TypeError, "missing 1 required keyword-only argument: 'key'"),
+    (lambda: nn.Linear(3, 2, key=None), TypeError, "Linear needs a PRNG key"),
+    (
+        lambda: nn.Linear(-1, 2, key=K),
+        ValueError,
+        "Linear: `in_features` must be a non-negative int",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, 3, groups=2, key=K),
+        ValueError,
+        r"Conv2d: `groups`=2 must divide in_channels=3",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, 3, padding="FULL", key=K),
+        ValueError,
+        "Conv2d: string `padding` must be",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, 3, padding=(1, 1, 1), key=K),
+        ValueError,
+        "Conv2d: `padding` must be an int",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, (3, 3, 3), key=K),
+        ValueError,
+        "Conv2d: `kernel_size` must be an int or a sequence of 2 ints",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, 3, padding_mode="MIRROR", key=K),
+        ValueError,
+        "Conv2d: `padding_mode` must be one of",
+    ),
+    (
+        lambda: nn.Conv2d(3, 4, 3, key=K)(jnp.ones((2, 4, 8, 8))),
+        ValueError,
+        r"Conv2d: `x` must have shape \(\*batch, in_channels=3, height, width\)",
+    ),
+    (lambda: nn.Conv1d(3, 4, 3, key=K)(jnp.ones((3,))), ValueError, r"Conv1d: `x` must have shape"),
+    (
+        lambda: nn.ConvTranspose2d(2, 2, 3, stride=2, output_padding=2, key=K),
+        ValueError,
+        "ConvTranspose2d: `output_padding`",
+    ),
+    (
+        lambda: nn.ConvTranspose1d(2, 2, 3, padding="SAME", key=K),
+        ValueError,
+        "ConvTranspose1d: `padding` must be ints",
+    ),
+    (
+        lambda: nn.MaxPool2d(2, padding=2),
+        ValueError,
+        "MaxPool2d: padding .* must be at most half the kernel size",
+    ),
+    (
+        lambda: nn.AvgPool1d(5)(jnp.ones((1, 3))),
+        ValueError,
+        "AvgPool1d: the padded input size 3 is smaller than the kernel size 5",
+    ),
+    (
+        lambda: nn.LayerNorm(4)(jnp.ones((2, 5))),
+        ValueError,
+        r"LayerNorm: `x` must have shape \(\*batch, shape\[0\]=4\)",
+    ),
+    (lambda: nn.GroupNorm(3, 4), ValueError, "GroupNorm: groups=3 must divide channels=4"),
+    (lambda: nn.GroupNorm(2), ValueError, "GroupNorm: channelwise_affine=True needs `channels`"),
+    (
+        lambda: nn.GroupNorm(2, 4, spatial_ndim=1)(jnp.ones((2, 6, 3))),
+        ValueError,
+        "GroupNorm: `x` must have shape",
+    ),
+    (lambda: nn.Dropout(1.5), ValueError, r"Dropout: `p` must be in \[0, 1\]"),
+    (lambda: nn.Dropout(0.5)(jnp.ones(2)), RuntimeError, "Dropout needs a `key` in training mode"),
+    (
+        lambda: nn.Embedding(5, 2, key=K)(jnp.ones(2)),
+        TypeError,
+        "Embedding: indices must be integers",
+    ),
+    (lambda: nn.Embedding(5), ValueError, "Embedding: give `num_embeddings` and `embedding_size`"),
+    (lambda: nn.Embedding(weight=jnp.ones(3)), ValueError, "Embedding: `weight` must be 2-d"),
+    (
+        lambda: nn.MultiheadAttention(3, 8, key=K),
+        ValueError,
+        "MultiheadAttention: query_size=8 is not divisible by num_heads=3",
+    ),
+    (
+        lambda: nn.MultiheadAttention(2, 8, key=K)(
+            jnp.ones((3, 8)), jnp.ones((4, 8)), jnp.ones((5, 8))
+        ),
+        ValueError,
+        r"MultiheadAttention: `value` must have shape \(\*batch, kv_seq=4",
+    ),
+    (
+        lambda: nn.MultiheadAttention(2, 8, key=K)(
+            jnp.ones((3, 8)), jnp.ones((4, 8)), jnp.ones((4, 8)), jnp.ones((3, 4))
+        ),
+        TypeError,
+        "MultiheadAttention: `mask` must be boolean",
+    ),
+    (
+        lambda: nn.MultiheadAttention(2, 8, key=K)(
+            jnp.ones((3, 8)), jnp.ones((4, 8)), jnp.ones((4, 8)), jnp.ones((3, 3), bool)
+        ),
+        ValueError,
+        r"MultiheadAttention: `mask` must have shape \(\*batch, q_seq=3, kv_seq=4\)",
+    ),
+    (
+        lambda: nn.MultiheadAttention(2, 8, key=K)(
+            jnp.ones((2, 3, 8)), jnp.ones((5, 4, 8)), jnp.ones((5, 4, 8))
+        ),
+        ValueError,
+        r"MultiheadAttention: `key_` has batch dimensions \(5,\) but `query` has \(2,\)",
+    ),
+    (
+        lambda: nn.GRUCell(2, 3, key=K)(jnp.ones((4, 2)), jnp.ones((5, 3))),
+        ValueError,
+        r"GRUCell: `hidden` has batch dimensions \(5,\) but `input` has \(4,\)",
+    ),
+    (
+        lambda: nn.LSTMCell(2, 3, key=K)(jnp.ones(2), jnp.ones(3)),
+        TypeError,
+        r"LSTMCell: `hidden` must be a pair \(h, c\)",
+    ),
+    (
+        lambda: nn.MLP(2, 2, [3, 4], 3, key=K),
+        ValueError,
+        "MLP: `width_size` has 2 entries but depth=3",
+    ),
+    (
+        lambda: nn.Sequential([nn.Identity(), 3]),
+        TypeError,
+        r"Sequential: layers\[1\] is a int, which is not callable",
+    ),
+]
+
+
+@pytest.mark.parametrize("fn,exc,match", ERRORS, ids=[e[2][:40] for e in ERRORS])
+def test_errors(fn, exc, match):
+    with pytest.raises(exc, match=match):
+        fn()

@@ -1,0 +1,121 @@
+"""Property: any leading batch dims give the same result as `jax.vmap` of the unbatched call."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treemod.nn as nn
+
+K = jax.random.key(0)
+
+batch_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+
+
+def _rand(seed, shape):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _vmapped(fn, n_batch, in_axes):
+    for _ in range(n_batch):
+        fn = jax.vmap(fn, in_axes=in_axes)
+    return fn
+
+
+# name -> (layer, unbatched input shapes)
+SINGLE = {
+    "Linear": (nn.Linear(4, 3, key=K), (4,)),
+    "Linear-scalar": (nn.Linear("scalar", "scalar", key=K), ()),
+    "MLP": (nn.MLP(3, 2, 5, 2, key=K), (3,)),
+    "Conv1d": (nn.Conv1d(2, 3, 3, stride=2, padding=1, key=K), (2, 7)),
+    "Conv2d": (nn.Conv2d(2, 4, 3, padding="SAME", groups=2, key=K), (2, 5, 6)),
+    "Conv3d": (nn.Conv3d(1, 2, 2, key=K), (1, 3, 3, 4)),
+    "ConvTranspose1d": (nn.ConvTranspose1d(2, 3, 3, stride=2, key=K), (2, 5)),
+    "ConvTranspose2d": (nn.ConvTranspose2d(2, 2, 3, stride=2, padding=1, key=K), (2, 4, 3)),
+    "MaxPool1d": (nn.MaxPool1d(2, 2), (2, 7)),
+    "MaxPool2d": (nn.MaxPool2d(3, 2, padding=1, use_ceil=True), (2, 6, 5)),
+    "AvgPool1d": (nn.AvgPool1d(3, 2, use_ceil=True), (2, 8)),
+    "AvgPool2d": (nn.AvgPool2d(2, 1), (2, 4, 4)),
+    "AdaptiveAvgPool1d": (nn.AdaptiveAvgPool1d(3), (2, 7)),
+    "AdaptiveAvgPool2d": (nn.AdaptiveAvgPool2d((2, 3)), (2, 5, 7)),
+    "LayerNorm": (nn.LayerNorm((3, 4)), (3, 4)),
+    "RMSNorm": (nn.RMSNorm(5), (5,)),
+    "GroupNorm": (nn.GroupNorm(2, 4, spatial_ndim=1), (4, 3)),
+    "Identity": (nn.Identity(), (3,)),
+    "Lambda": (nn.Lambda(jnp.tanh), (3,)),
+    "Sequential": (nn.Sequential([nn.Linear(3, 4, key=K), jax.nn.relu, nn.LayerNorm(4)]), (3,)),
+    "Stack": (nn.Stack(lambda k: nn.Linear(3, 3, key=k), 3, key=K), (3,)),
+    "Dropout-inference": (nn.Dropout(0.5, inference=True), (3,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE))
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes)
+def test_single_input_layers(name, batch):
+    layer, core = SINGLE[name]
+    x = _rand(1, batch + core)
+    expected = _vmapped(layer, len(batch), 0)(x)
+    np.testing.assert_allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes)
+def test_embedding(batch):
+    emb = nn.Embedding(7, 3, key=K)
+    idx = jax.random.randint(jax.random.key(1), batch, 0, 7)
+    np.testing.assert_array_equal(emb(idx), _vmapped(emb, len(batch), 0)(idx))
+
+
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes)
+def test_dropout_is_elementwise(batch):
+    # One mask for the whole input: element i is kept iff it is kept in the flattened call.
+    drop = nn.Dropout(0.5)
+    x = jnp.ones(batch + (4,))
+    y = drop(x, key=K)
+    flat = drop(x.reshape(-1), key=K)
+    np.testing.assert_array_equal(y.reshape(-1), flat)
+
+
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes, masked=st.booleans(), causal=st.booleans())
+def test_multihead_attention(batch, masked, causal):
+    mha = nn.MultiheadAttention(2, 4, key_size=3, value_size=5, output_size=6, key=K)
+    q, k, v = _rand(1, batch + (3, 4)), _rand(2, batch + (5, 3)), _rand(3, batch + (5, 5))
+    mask = jax.random.bernoulli(jax.random.key(4), 0.6, batch + (3, 5)) if masked else None
+
+    def one(q, k, v, m):
+        return mha(q, k, v, m, causal=causal)
+
+    expected = _vmapped(one, len(batch), (0, 0, 0, 0 if masked else None))(q, k, v, mask)
+    np.testing.assert_allclose(mha(q, k, v, mask, causal=causal), expected, rtol=1e-5, atol=1e-5)
+    # Key/value without batch dims are broadcast, like vmap with in_axes=None.
+    expected = _vmapped(one, len(batch), (0, None, None, None))(
+        q, k[(0,) * len(batch)], v[(0,) * len(batch)], None
+    )
+    got = mha(q, k[(0,) * len(batch)], v[(0,) * len(batch)], causal=causal)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes)
+def test_gru_cell(batch):
+    cell = nn.GRUCell(3, 4, key=K)
+    x, h = _rand(1, batch + (3,)), _rand(2, batch + (4,))
+    np.testing.assert_allclose(
+        cell(x, h), _vmapped(cell, len(batch), 0)(x, h), rtol=1e-5, atol=1e-6
+    )
+
+
+@settings(max_examples=3, deadline=None)
+@given(batch=batch_shapes)
+def test_lstm_cell(batch):
+    cell = nn.LSTMCell(3, 4, key=K)
+    x, h, c = _rand(1, batch + (3,)), _rand(2, batch + (4,)), _rand(3, batch + (4,))
+    got = cell(x, (h, c))
+    expected = _vmapped(lambda x, h, c: cell(x, (h, c)), len(batch), 0)(x, h, c)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
