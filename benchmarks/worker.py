@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "big_samples": 3,
     "init_jit": True,  # also time construction inside jit
     "big": True,  # also measure the realistic batch
+    "big_workloads": None,  # ... on these workloads only (None: all)
 }
 
 
@@ -168,7 +169,7 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
         case, carry, x, y, cfg["tiny_iters"], cfg["tiny_samples"]
     )
 
-    if cfg["big"]:
+    if cfg["big"] and (cfg["big_workloads"] is None or w.name in cfg["big_workloads"]):
         x, y = _batch(w, w.big_batch, case.channels_last)
         t = time.perf_counter()
         carry, loss = case.step(carry, x, y)

@@ -291,7 +291,7 @@ def test_compile_events_split_the_first_call_into_trace_lower_compile() -> None:
 def test_quick_run_with_treemod_and_plain_jax(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--frameworks", "jax,treemod"]
-    cmd += ["--workloads", "mlp8", "--out", str(tmp_path), "--no-progress"]
+    cmd += ["--workloads", "mlp8", "--out", str(tmp_path), "--no-progress", "--jobs", "2"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
