@@ -185,6 +185,43 @@ def test_update_of_a_state_outside_the_model_is_an_error() -> None:
         tm.stateful(Calls(jnp.ones(1)))(1.0)
 
 
+def test_nested_stateful_passes_updates_to_the_enclosing_call() -> None:
+    class Outer(tm.Module):
+        inner: EMA
+
+        def __call__(self, x):
+            y, _ = tm.stateful(self.inner)(x)  # the sublayer's new state is not kept here...
+            return y
+
+    model = Outer(EMA(tm.State(jnp.zeros(2))))
+    _, new = tm.stateful(model)(jnp.ones(2))
+    np.testing.assert_allclose(new.inner.average.value, [0.1, 0.1])  # ...but reaches the model
+
+    other = EMA(tm.State(jnp.zeros(2)))
+
+    class UsesAnother(tm.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            y, updated = tm.stateful(other)(x)  # a separate model: its caller keeps its state
+            np.testing.assert_allclose(updated.average.value, [0.1, 0.1])
+            return y
+
+    holder = UsesAnother(jnp.ones(1))
+    _, same = tm.stateful(holder)(jnp.ones(2))
+    assert tm.tree_equal(same, holder)
+
+    class Both(tm.Module):
+        inner: EMA
+
+        def __call__(self, x):
+            tm.stateful(self.inner)(x)
+            return self.inner(x)  # a second update of the same State
+
+    with pytest.raises(RuntimeError, match="already updated"):
+        tm.stateful(Both(EMA(tm.State(jnp.zeros(2)))))(jnp.ones(2))
+
+
 @pytest.mark.parametrize(
     "transform, shape",
     [

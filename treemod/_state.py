@@ -91,10 +91,13 @@ def _current_trace() -> Any:
 class _Frame:
     """The updates recorded during one `stateful` call, and the trace it was opened under."""
 
-    __slots__ = ("updates", "trace")
+    __slots__ = ("updates", "forwarded", "trace")
 
     def __init__(self) -> None:
         self.updates: dict[int, tuple[State, Any]] = {}
+        # ids of updates handed up by a nested `stateful` call: applied where they belong to
+        # this frame's model, ignored where they belong to another model.
+        self.forwarded: set[int] = set()
         self.trace = _current_trace()
 
 
@@ -178,12 +181,16 @@ def update_state(state: State, value: Any) -> None:
             "a layer that applies its own transform to stateful sublayers must carry their "
             "updates out itself (as treemod.nn.Stack does)."
         )
+    _record(frame, state, value)
+
+
+def _record(frame: _Frame, state: State, value: Any) -> None:
     if id(state) in frame.updates:
         raise RuntimeError(
-            f"update_state: this State ({_describe(jax.numpy.asarray(old))}) was already "
-            "updated during this stateful call, and the second update would silently replace "
-            "the first. Is a stateful layer (e.g. a BatchNorm) applied twice? Apply it once "
-            "(e.g. on the concatenated batch), or give each use its own layer."
+            f"update_state: this State ({_describe(jax.numpy.asarray(state.value))}) was "
+            "already updated during this stateful call, and the second update would silently "
+            "replace the first. Is a stateful layer (e.g. a BatchNorm) applied twice? Apply it "
+            "once (e.g. on the concatenated batch), or give each use its own layer."
         )
     frame.updates[id(state)] = (state, value)
 
@@ -203,8 +210,13 @@ def collect_state_updates(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     return out, frame.updates
 
 
-def apply_state_updates(tree: Any, updates: dict[int, tuple[State, Any]]) -> Any:
-    """Return `tree` with each `State` node whose id is in `updates` holding its new value."""
+def apply_state_updates(
+    tree: Any, updates: dict[int, tuple[State, Any]], optional: set[int] | None = None
+) -> Any:
+    """Return `tree` with each `State` node whose id is in `updates` holding its new value.
+
+    Every update must belong to a node of `tree`, except those whose ids are in `optional`.
+    """
     if not updates:
         return tree
     seen: set[int] = set()
@@ -216,7 +228,7 @@ def apply_state_updates(tree: Any, updates: dict[int, tuple[State, Any]]) -> Any
         return node
 
     new_tree = jtu.tree_map(replace, tree, is_leaf=is_state)
-    if len(seen) != len(updates):
+    if len(seen) != len(updates) and set(updates) - seen - (optional or set()):
         raise ValueError(
             "stateful: a layer updated a State that is not part of the model being run (was a "
             "different model called inside, or a module rebuilt during the call?). Only the "
@@ -240,18 +252,36 @@ class _Stateful(Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         if self.function is None:
-            out, updates = collect_state_updates(self.owner, *args, **kwargs)
-            return out, apply_state_updates(self.owner, updates)
+            return _run(self.owner, self.owner, *args, **kwargs)
         if self.owner is not None:
-            out, updates = collect_state_updates(self.function, self.owner, *args, **kwargs)
-            return out, apply_state_updates(self.owner, updates)
+            return _run(self.owner, self.function, self.owner, *args, **kwargs)
         if not args:
             raise TypeError(
                 "stateful(fn) with a plain function updates the function's first positional "
                 "argument, but none was given."
             )
-        out, updates = collect_state_updates(self.function, *args, **kwargs)
-        return out, apply_state_updates(args[0], updates)
+        return _run(args[0], self.function, *args, **kwargs)
+
+
+def _run(tree: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Run `fn` collecting state updates, apply them to `tree`, and hand them up if nested."""
+    frame = _Frame()
+    _collectors.stack.append(frame)
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        _collectors.stack.pop()
+    new_tree = apply_state_updates(tree, frame.updates, frame.forwarded)
+    # A `stateful` call inside another one (a layer running a sublayer with `stateful`) also
+    # hands its updates to the enclosing call, so that they reach the outer model too. Not
+    # across a transform boundary: those values belong to the inner trace.
+    if _collectors.stack and frame.updates:
+        outer = _collectors.stack[-1]
+        if outer.trace is None or outer.trace == frame.trace:
+            for sid, (state, value) in frame.updates.items():
+                _record(outer, state, value)
+                outer.forwarded.add(sid)
+    return out, new_tree
 
 
 def stateful(fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
@@ -262,7 +292,9 @@ def stateful(fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
     statistics, counters, ...). It is pure: use it inside `filter_jit` and `filter_grad` like
     any function, and put transforms outside it (`jax.vmap(stateful(model), ...)`), not between
     it and the layers. With a bound method (`stateful(model.loss)`), the method's module is
-    updated; with any other function, its first positional argument is.
+    updated; with any other function, its first positional argument is. A `stateful` call
+    nested in another one (a layer running a sublayer with `stateful`) also passes its updates
+    on, so they reach the outer model as well.
 
     Arguments:
         fn: a `Module`, a bound method of one, or a function whose first argument is the model.
