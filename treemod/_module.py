@@ -130,7 +130,7 @@ _ABSTRACT_CLASS_VAR = re.compile(r"(^|\.)AbstractClassVar\[")
 
 
 def _abstract_kind(annotation: Any) -> str | None:
-    """ "var" for `AbstractVar[...]`, "classvar" for `AbstractClassVar[...]`, else None."""
+    """Classify an annotation: "var" (`AbstractVar[...]`), "classvar" (`AbstractClassVar`), None."""
     if isinstance(annotation, str):
         if _ABSTRACT_VAR.search(annotation):
             return "var"
@@ -301,9 +301,14 @@ class Module(metaclass=_ModuleMeta):
     registration is needed. After construction a module is immutable: use `tree_at` to get a
     changed copy.
 
-    A subclass may define its own `__init__` (which sets every field with `self.name = value`);
-    otherwise the dataclass `__init__` is generated. `__check_init__(self)`, if defined, runs
-    after construction, for every class in the MRO that defines one.
+    A subclass may define its own `__init__` (which sets every field with `self.name = value`;
+    subclasses that add no fields inherit it); otherwise the dataclass `__init__` is generated.
+    After `__init__`: defaults fill unset fields (an unset field without one is an error),
+    converters run, then `__check_init__(self)` of every class in the MRO that defines one
+    (subclass first). Unflattening (in every transform) never calls `__init__`.
+
+    `==` is `tree_equal`; `hash` works when every leaf is hashable; `pickle`, `copy.copy` and
+    `copy.deepcopy` round-trip.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod as tm
