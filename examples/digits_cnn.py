@@ -39,13 +39,12 @@ import treemod.nn as nn
 
 
 class CNN(tm.Module):
-    """Two 3x3 convolutions with BatchNorm, a 2x2 max pool, dropout and a linear classifier."""
+    """Two 3x3 convolutions with BatchNorm (the second of stride 2), dropout and a classifier."""
 
     conv1: nn.Conv2d
     norm1: nn.BatchNorm
     conv2: nn.Conv2d
     norm2: nn.BatchNorm
-    pool: nn.MaxPool2d
     dropout: nn.Dropout
     head: nn.Linear
 
@@ -53,9 +52,8 @@ class CNN(tm.Module):
         key1, key2, key3 = jax.random.split(key, 3)
         self.conv1 = nn.Conv2d(1, width, 3, padding=1, key=key1)
         self.norm1 = nn.BatchNorm(width)
-        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1, key=key2)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, key=key2)  # 8x8 -> 4x4
         self.norm2 = nn.BatchNorm(2 * width)
-        self.pool = nn.MaxPool2d(2, stride=2)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(2 * width * 4 * 4, 10, key=key3)
 
@@ -63,7 +61,7 @@ class CNN(tm.Module):
         self, x: Float[Array, "*batch 1 8 8"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch 10"]:
         x = jax.nn.relu(self.norm1(self.conv1(x)))
-        x = self.pool(jax.nn.relu(self.norm2(self.conv2(x))))
+        x = jax.nn.relu(self.norm2(self.conv2(x)))
         x = x.reshape(*x.shape[:-3], -1)
         return self.head(self.dropout(x, key=key))
 
