@@ -23,10 +23,11 @@ def enable_compile_cache(
     defaults only cache programs that took over a second to compile; these defaults cache
     everything, which is what helps small models and tests.
 
-    A program is found again only if its trace is identical: static values whose hash or repr
-    differs between processes (a lambda or a freshly made function stored in a module, an
-    object without a stable `__eq__`) give new cache keys. Call this before the first
-    compilation; calling it later resets JAX's cache handle so it takes effect anyway.
+    A program is found again only if it lowers to the same computation: static values whose
+    hash differs between processes and that shape the program (iterating a `set` of strings,
+    whose order follows `PYTHONHASHSEED`) give new cache keys; functions and lambdas in static
+    fields do not. Call this before the first compilation; calling it later resets JAX's cache
+    handle so it takes effect anyway.
 
     Arguments:
         path: the cache directory (created if missing); share it between processes.
