@@ -207,7 +207,9 @@ class Conv(Module):
                     (k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation, strict=True)
                 ]
                 padding = lax.padtype_to_pads(x.shape[2:], window, self.stride, padding)
-            x = jnp.pad(x, [(0, 0), (0, 0), *padding], mode=_PADDING_MODES[self.padding_mode])
+            x = jnp.pad(
+                x, [(0, 0), (0, 0), *padding], mode=_PADDING_MODES[self.padding_mode] or "constant"
+            )
             padding = ((0, 0),) * n
         y = lax.conv_general_dilated(
             x,

@@ -56,6 +56,7 @@ class Embedding(Module):
                     "an existing `weight` table."
                 )
             require_key("Embedding", key)
+            assert key is not None
             weight_init = _init.normal(1.0) if weight_init is None else weight_init
             weight = weight_init(key, (num_embeddings, embedding_size), default_dtype(dtype))
         elif jnp.ndim(weight) != 2:

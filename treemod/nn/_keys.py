@@ -82,6 +82,6 @@ def split_like(key: PRNGKeyArray, tree: Any, is_leaf: Callable[[Any], bool] | No
     """
     leaves, treedef = jtu.tree_flatten(tree, is_leaf=is_leaf)
     if not leaves:
-        return treedef.unflatten([])
+        return jtu.tree_unflatten(treedef, [])
     keys = jax.random.split(key, len(leaves))
-    return treedef.unflatten(list(keys))
+    return jtu.tree_unflatten(treedef, list(keys))

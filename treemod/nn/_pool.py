@@ -198,7 +198,7 @@ class MaxPool1d(MaxPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil)
+        super().__init__(1, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -223,7 +223,7 @@ class MaxPool2d(MaxPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil)
+        super().__init__(2, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
 
     def __call__(
         self,
@@ -251,7 +251,7 @@ class AvgPool1d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil)
+        super().__init__(1, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -276,7 +276,7 @@ class AvgPool2d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil)
+        super().__init__(2, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
 
     def __call__(
         self,

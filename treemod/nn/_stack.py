@@ -113,7 +113,7 @@ class Stack(Module):
         first_arrays, static = parts[0]
         struct = jtu.tree_structure(layers[0])
         for i, (arrays, st) in enumerate(parts[1:], start=1):
-            if jtu.tree_structure(layers[i]) != struct:
+            if jtu.tree_structure(layers[i]) != struct:  # type: ignore[operator]
                 raise ValueError(
                     f"Stack.from_layers: layer {i} does not have the tree structure of layer 0; "
                     "all layers must be of the same type and configuration."
@@ -195,7 +195,7 @@ class Stack(Module):
 def _check_carry(x: Any, out: Any) -> None:
     sx = jtu.tree_structure(x)
     so = jtu.tree_structure(out)
-    same = sx == so and all(
+    same = sx == so and all(  # type: ignore[operator]
         jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
         for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(out), strict=True)
     )
@@ -212,6 +212,6 @@ def _check_carry(x: Any, out: Any) -> None:
 
 
 def _template(cls: type, layers: Any, num_layers: int, unroll: int) -> Any:
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     obj.__dict__.update(layers=layers, num_layers=num_layers, unroll=unroll)
     return obj
