@@ -32,11 +32,13 @@ LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 COMPILE = "/jax/core/compile/backend_compile_duration"
 
 DEFAULTS: dict[str, Any] = {
-    "tiny_iters": 20,  # steps per timing sample at the tiny batch
+    "tiny_iters": 20,  # steps per timing sample at the tiny batch (MLPs)
+    "tiny_iters_heavy": 5,  # ... for the CNN and the Transformers (compute-bound even so)
     "tiny_samples": 5,
     "big_iters": 3,  # steps per timing sample at the realistic batch
     "big_samples": 3,
     "init_jit": True,  # also time construction inside jit
+    "init_jit_workloads": None,  # ... on these workloads only (None: all)
     "big": True,  # also measure the realistic batch
     "big_workloads": None,  # ... on these workloads only (None: all)
 }
@@ -147,7 +149,9 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
             f"{framework}/{w.name}: {res['params']} parameters, expected {expected_params(w)}"
         )
     _, res["init_abstract_s"] = _timed(case.make_model_abstract, 1)
-    if cfg["init_jit"]:
+    if cfg["init_jit"] and (
+        cfg["init_jit_workloads"] is None or w.name in cfg["init_jit_workloads"]
+    ):
         t = time.perf_counter()
         case.wait(case.make_model_jit(2))
         res["init_jit_s"] = time.perf_counter() - t
@@ -165,8 +169,9 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
     res["first_call_cpu_s"] = time.process_time() - c
     res.update(events.summary())
     res["jit_total_s"] = res["trace_s"] + res["lower_s"] + res["compile_s"]
+    iters = cfg["tiny_iters"] if w.kind == "mlp" else cfg["tiny_iters_heavy"]
     carry, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
-        case, carry, x, y, cfg["tiny_iters"], cfg["tiny_samples"]
+        case, carry, x, y, iters, cfg["tiny_samples"]
     )
 
     if cfg["big"] and (cfg["big_workloads"] is None or w.name in cfg["big_workloads"]):
