@@ -16,8 +16,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -50,12 +50,8 @@ __all__ = [
 DType = Any
 
 
-class Initializer(Protocol):
-    """The type of an initialiser: `init(key, shape, dtype=jnp.float32) -> Array`."""
-
-    def __call__(
-        self, key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32
-    ) -> Array: ...
+Initializer = Callable[..., Array]
+"""The type of an initialiser: `init(key, shape, dtype=jnp.float32) -> Array`."""
 
 
 def _check_float(name: str, dtype: DType) -> None:
