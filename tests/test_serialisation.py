@@ -588,3 +588,12 @@ def test_prng_key_mismatches_are_reported_by_key_dtype() -> None:
     msg = str(e.value)
     assert "wrong dtype: ['key'] is key<fry>[] in the file but key<rbg>[] in like" in msg
     assert "wrong shape and dtype: ['raw'] is uint32[2] in the file but key<fry>[] in like" in msg
+
+
+def test_a_deleted_array_is_named_and_nothing_is_written(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "c.safetensors"
+    x = jnp.ones(3)
+    x.delete()
+    with pytest.raises(RuntimeError, match=r"could not fetch the array at \['x'\].*deleted"):
+        tm.save(path, {"w": jnp.ones(2), "x": x})
+    assert os.listdir(tmp_path) == []

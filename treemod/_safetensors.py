@@ -195,8 +195,16 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     with ThreadPoolExecutor(1) as hasher:
         for i, (name, array, *_) in enumerate(entries):
             if i + 1 < len(entries) and hasattr(entries[i + 1][1], "copy_to_host_async"):
-                entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
-            data = _host_bytes(array)
+                try:
+                    entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
+                except Exception:  # reported, with its name, when that array is fetched
+                    pass
+            try:
+                data = _host_bytes(array)
+            except Exception as e:
+                raise RuntimeError(
+                    f"save: could not fetch the array at {name} ({type(e).__name__}: {e})"
+                ) from e
             digest = hasher.submit(_sha256, data)
             f.write(data)
             digests[name] = digest.result()
