@@ -160,3 +160,45 @@ def test_as_method_decorator() -> None:
 def test_first_argument_required() -> None:
     with pytest.raises(TypeError, match="filter_grad: the function must be called with its first"):
         tm.filter_grad(lambda m: 0.0)(m=1.0)
+
+
+def test_filter_custom_vjp_against_the_true_gradient() -> None:
+    # A custom VJP equal to the analytic one must match jax.grad of the plain function.
+    def plain(params: dict, x: jax.Array, label: str) -> jax.Array:
+        return jnp.sum(jnp.sin(params["w"] * x)) + params["n"]
+
+    @tm.filter_custom_vjp
+    def f(params: dict, x: jax.Array, label: str) -> jax.Array:
+        return plain(params, x, label)
+
+    @f.def_fwd
+    def f_fwd(perturbed: Any, params: dict, x: jax.Array, label: str) -> tuple:
+        assert perturbed == {"n": None, "w": True} and label == "tag"
+        return plain(params, x, label), jnp.cos(params["w"] * x)
+
+    @f.def_bwd
+    def f_bwd(cos: jax.Array, g: jax.Array, perturbed: Any, params: dict, x: jax.Array, label: str):
+        return {"w": g * cos * x, "n": None}
+
+    params = {"w": jnp.array([0.3, -1.2]), "n": 2}
+    x = jnp.array([1.5, 0.5])
+    expected = jax.grad(lambda w: plain({"w": w, "n": 2}, x, "tag"))(params["w"])
+    grads = tm.filter_grad(lambda p: f(p, x, "tag"))(params)
+    np.testing.assert_allclose(grads["w"], expected, rtol=1e-6)
+    assert grads["n"] is None
+    np.testing.assert_allclose(tm.filter_jit(f)(params, x, "tag"), plain(params, x, "tag"))
+    # other arguments are not differentiated: zero gradient
+    np.testing.assert_allclose(jax.grad(lambda x: f(params, x, "tag"))(x), [0.0, 0.0])
+
+
+def test_filter_custom_vjp_errors() -> None:
+    @tm.filter_custom_vjp
+    def f(x: dict) -> jax.Array:
+        return x["a"]
+
+    with pytest.raises(RuntimeError, match=r"define both passes with `@f.def_fwd`"):
+        f({"a": jnp.ones(1)})
+    f.def_fwd(lambda perturbed, x: (x["a"], None))
+    f.def_bwd(lambda res, g, perturbed, x: [g])  # not the structure of x
+    with pytest.raises(ValueError, match=r"filter_custom_vjp\(f\): fn_bwd must return a gradient"):
+        jax.grad(lambda x: jnp.sum(f(x)))({"a": jnp.ones(1)})

@@ -20,6 +20,7 @@ from . import debug as debug
 from ._ad import filter_grad, filter_value_and_grad
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
+from ._custom_vjp import filter_custom_vjp
 from ._eval_shape import filter_eval_shape
 from ._jit import filter_jit
 from ._sharding import filter_shard
@@ -68,6 +69,7 @@ __all__ = [
     # Transforms.
     "enable_compile_cache",
     "filter_checkpoint",
+    "filter_custom_vjp",
     "filter_eval_shape",
     "filter_grad",
     "filter_jit",

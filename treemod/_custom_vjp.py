@@ -1,0 +1,134 @@
+"""`filter_custom_vjp`: a custom backward pass for a function of arbitrary pytrees (Equinox API)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from ._callable import IS_ARRAY_TYPE, merge_leaves
+from ._filters import combine, is_inexact_array, partition
+
+__all__ = ["filter_custom_vjp"]
+
+
+class filter_custom_vjp:  # noqa: N801 (Equinox's name)
+    """Define a custom backward pass for a function, differentiating its first argument.
+
+    Equinox's API: decorate `fn(vjp_arg, *args, **kwargs)`, then define
+    `fn_fwd(perturbed, vjp_arg, *args, **kwargs) -> (out, residuals)` with `.def_fwd` and
+    `fn_bwd(residuals, grad_obj, perturbed, vjp_arg, *args, **kwargs) -> grad_vjp_arg` with
+    `.def_bwd`. Floating-point arrays of `vjp_arg` are differentiated; `perturbed` is a tree of
+    bools with the structure of their partition (`True` at each of them: JAX's `custom_vjp` does
+    not say which inputs are symbolically zero); `grad_obj` is the cotangent
+    of the output; `fn_bwd` returns a gradient with the structure of `vjp_arg` (`None` for
+    leaves without one). The other arguments are not differentiated (their arrays get zero
+    gradient). Non-array leaves anywhere are static.
+
+    Arguments:
+        fn: the primal function.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> @tm.filter_custom_vjp
+        ... def clip_gradient(x, bound):
+        ...     return x
+        >>> @clip_gradient.def_fwd
+        ... def fwd(perturbed, x, bound):
+        ...     return x, None
+        >>> @clip_gradient.def_bwd
+        ... def bwd(residuals, grad, perturbed, x, bound):
+        ...     return jnp.clip(grad, -bound, bound)
+        >>> jax.grad(lambda x: 3.0 * clip_gradient(x, 1.0))(jnp.array(2.0))
+        Array(1., dtype=float32)
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.fn_fwd: Callable[..., Any] | None = None
+        self.fn_bwd: Callable[..., Any] | None = None
+        functools.update_wrapper(self, fn, updated=())
+
+    def def_fwd(self, fn_fwd: Callable[..., Any]) -> Callable[..., Any]:
+        """Set the forward pass: `fn_fwd(perturbed, vjp_arg, *args, **kwargs) -> (out, res)`."""
+        self.fn_fwd = fn_fwd
+        return fn_fwd
+
+    def def_bwd(self, fn_bwd: Callable[..., Any]) -> Callable[..., Any]:
+        """Set the backward pass: `fn_bwd(res, grad_obj, perturbed, vjp_arg, *args, **kwargs)`."""
+        self.fn_bwd = fn_bwd
+        return fn_bwd
+
+    def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(self.fn, "__name__", "function")
+        if self.fn_fwd is None or self.fn_bwd is None:
+            raise RuntimeError(
+                f"filter_custom_vjp({name}): define both passes with `@{name}.def_fwd` and "
+                f"`@{name}.def_bwd` before calling it."
+            )
+        diff, rest = partition(vjp_arg, is_inexact_array)
+        diff_leaves, diff_def = jtu.tree_flatten(diff)
+        leaves, treedef = jtu.tree_flatten((rest, args, kwargs))
+        mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
+        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
+        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
+        out_def: list[Any] = []
+
+        def rebuild(d_leaves: list, dyn: list) -> tuple[Any, tuple, dict]:
+            rest_, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
+            return combine(jtu.tree_unflatten(diff_def, d_leaves), rest_), a, k
+
+        def flat_out(out: Any) -> list:
+            out_leaves, out_treedef = jtu.tree_flatten(out)
+            out_def[:] = [out_treedef]
+            return out_leaves
+
+        @jax.custom_vjp
+        def primal(d_leaves: list, dyn: list) -> list:
+            x, a, k = rebuild(d_leaves, dyn)
+            return flat_out(fn(x, *a, **k))
+
+        def fwd(d_leaves: list, dyn: list) -> tuple[list, Any]:
+            perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
+            x, a, k = rebuild(d_leaves, dyn)
+            out, residuals = fn_fwd(perturbed, x, *a, **k)
+            return flat_out(out), (residuals, d_leaves, dyn)
+
+        def bwd(saved: tuple, cotangents: list) -> tuple[list, list]:
+            residuals, d_leaves, dyn = saved
+            perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
+            x, a, k = rebuild(d_leaves, dyn)
+            grad_obj = jtu.tree_unflatten(out_def[0], cotangents)
+            grads = fn_bwd(residuals, grad_obj, perturbed, x, *a, **k)
+            grad_diff = filter_like(grads, diff, name)
+            g_leaves = [
+                jax.numpy.zeros_like(p) if g is None else jax.numpy.asarray(g, p.dtype)
+                for g, p in zip(grad_diff, d_leaves, strict=True)
+            ]
+            return g_leaves, [None] * len(dyn)
+
+        primal.defvjp(fwd, bwd)
+        out_leaves = primal(diff_leaves, dynamic)
+        return jtu.tree_unflatten(out_def[0], out_leaves)
+
+
+def filter_like(grads: Any, diff: Any, name: str) -> list:
+    """The gradient leaves at the differentiated positions of `diff` (`None` for missing)."""
+    found: list[Any] = []
+
+    def collect(d: Any, g: Any) -> None:
+        if d is not None:
+            found.append(g)
+
+    try:
+        jtu.tree_map(collect, diff, grads, is_leaf=lambda x: x is None)
+    except ValueError as e:
+        raise ValueError(
+            f"filter_custom_vjp({name}): fn_bwd must return a gradient with the structure of "
+            f"vjp_arg (None where there is none): {e}"
+        ) from None
+    return found
