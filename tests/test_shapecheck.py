@@ -646,13 +646,25 @@ def test_shapecheck_on_static_methods_and_callable_objects():
     assert doubled(jnp.ones(2)).shape == (2,)
 
 
-def test_custom_init_arguments_are_checked():
+def test_custom_init_arguments_are_checked_through_fields_or_on_request():
     class FromWeight(tm.Module):
         weight: Float[Array, "n n"]
 
-        def __init__(self, weight: Float[Array, "n n"]):
+        def __init__(self, weight: Float[Array, "n n"], key: Float[Array, "2"]):
             self.weight = weight
 
-    FromWeight(jnp.eye(2))
-    with pytest.raises(tm.ShapeCheckError, match=r"^FromWeight\.__init__ argument weight"):
-        FromWeight(jnp.ones((2, 3)))
+    assert not hasattr(FromWeight.__init__, "__tm_shapecheck_state__")  # not wrapped
+    FromWeight(jnp.eye(2), None)  # `key` is not checked: __init__ validates its arguments
+    with pytest.raises(tm.ShapeCheckError, match=r"^FromWeight\.weight: expected"):
+        FromWeight(jnp.ones((2, 3)), None)  # ... and the field it sets is
+
+    class Strict(tm.Module):
+        weight: Float[Array, "n n"]
+
+        @tm.shapecheck
+        def __init__(self, weight: Float[Array, "n n"], key: Float[Array, "2"]):
+            self.weight = weight
+
+    Strict(jnp.eye(2), jnp.ones(2))
+    with pytest.raises(tm.ShapeCheckError, match=r"^Strict\.__init__ argument key"):
+        Strict(jnp.eye(2), None)

@@ -20,8 +20,10 @@ _field_checker: list[Callable[[Any, bool], None]] = []
 # call_checker(fn, state, args, kwargs) -> fn's result, after checking the call.
 _call_checker: list[Callable[[Callable[..., Any], list[Any], tuple, dict], Any]] = []
 
-# Methods whose calls are never checked (construction hooks, pickling, printing, ...).
-_CHECKED_DUNDERS = frozenset({"__call__", "__init__"})
+# The only dunder method checked automatically. Not `__init__`: the fields it sets are checked
+# after construction anyway, and a layer's own argument validation ("Linear needs a PRNG key")
+# says more than a type error would. Decorate `__init__` with `treemod.shapecheck` to check it.
+_CHECKED_DUNDERS = frozenset({"__call__"})
 
 
 def install_field_checker(checker: Callable[[Any, bool], None]) -> None:
