@@ -334,6 +334,17 @@ def test_dataclass_tools_work() -> None:
     assert lin2.weight is lin.weight and float(lin2.bias.sum()) == 0.0
 
 
+def test_signature_of_a_module_class_is_its_init() -> None:
+    import inspect
+
+    assert list(inspect.signature(Counted).parameters) == ["x"]
+    params = inspect.signature(Linear).parameters
+    assert list(params) == ["weight", "bias", "activation"]
+    assert params["activation"].default is jax.nn.relu
+    # an instance reports its own __call__, as for any callable
+    assert list(inspect.signature(_linear()).parameters) == ["x"]
+
+
 # --- 4. attribute reads and bound methods -------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import abc
 import copy
 import dataclasses
 import importlib
+import inspect
 import re
 import warnings
 from collections.abc import Callable
@@ -245,6 +246,22 @@ class _ModuleMeta(abc.ABCMeta):
         return self
 
 
+class _InitSignature:
+    """`cls.__signature__`: the signature of `cls.__init__` without `self`.
+
+    Without it `inspect.signature(SomeModule)` (and so `help`, IDEs and the API docs) would show
+    the metaclass's `__call__(*args, **kwargs)`. Instances do not see it, so a callable module
+    still reports its `__call__` signature.
+    """
+
+    def __get__(self, instance: Any, owner: type) -> inspect.Signature:
+        if instance is not None:
+            raise AttributeError("__signature__")
+        init: Any = owner
+        sig = inspect.signature(init.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
 def _raise_abstract(cls: Any) -> None:
     parts = []
     missing = cls.__tm_abstract_vars__ - cls.__tm_abstract_class_vars__
@@ -323,6 +340,8 @@ class Module(metaclass=_ModuleMeta):
         >>> len(jax.tree_util.tree_leaves(f))
         2
     """
+
+    __signature__ = _InitSignature()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if id(self) in _INITIALISING:
