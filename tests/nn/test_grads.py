@@ -53,6 +53,8 @@ def test_check_grads(name):
         xs = [jax.random.normal(jax.random.key(i + 1), s, F64) for i, s in enumerate(shapes)]
 
         def f(params, *xs):
+            # check_grads perturbs with NumPy arrays; layers are annotated with jax.Array.
+            params, xs = jax.tree_util.tree_map(jnp.asarray, (params, xs))
             return tm.combine(params, static)(*xs)
 
         check_grads(f, (params, *xs), order=1, modes=["rev"], atol=1e-5, rtol=1e-5)
@@ -64,9 +66,10 @@ def test_lstm_and_dropout_and_embedding_grads():
         x, h, c = (
             jax.random.normal(jax.random.key(i), s, F64) for i, s in enumerate([(2,), (3,), (3,)])
         )
-        check_grads(lambda x, h, c: cell(x, (h, c)), (x, h, c), order=1, modes=["rev"])
+        a = jnp.asarray
+        check_grads(lambda x, h, c: cell(a(x), (a(h), a(c))), (x, h, c), order=1, modes=["rev"])
         drop = nn.Dropout(0.3)
-        check_grads(lambda x: drop(x, key=jax.random.key(0)), (h,), order=1, modes=["rev"])
+        check_grads(lambda x: drop(a(x), key=jax.random.key(0)), (h,), order=1, modes=["rev"])
         emb = nn.Embedding(5, 3, dtype=F64, key=jax.random.key(0))
         idx = jnp.array([0, 3, 3])
-        check_grads(lambda w: nn.Embedding(weight=w)(idx), (emb.weight,), order=1, modes=["rev"])
+        check_grads(lambda w: nn.Embedding(weight=a(w))(idx), (emb.weight,), order=1, modes=["rev"])

@@ -14,7 +14,7 @@ from . import init as _init
 from ._batching import Core, batch_apply
 from ._dropout import Dropout
 from ._linear import Linear
-from ._utils import require_key
+from ._utils import compute_dtype, require_key
 
 __all__ = ["MultiheadAttention"]
 
@@ -218,7 +218,7 @@ class MultiheadAttention(Module):
         if allowed is not None:
             allowed = jnp.broadcast_to(allowed, logits.shape)
             logits = jnp.where(allowed, logits, jnp.finfo(logits.dtype).min)
-        weights = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), -1)
+        weights = jax.nn.softmax(logits.astype(compute_dtype(logits.dtype)), -1)
         weights = weights.astype(query.dtype)
         weights = self.dropout(weights, key=key, inference=inference, deterministic=deterministic)
         attn = jnp.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, q_len, h * self.vo_size)

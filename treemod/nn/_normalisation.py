@@ -11,18 +11,13 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
-from ._utils import default_dtype, lead
+from ._utils import compute_dtype, default_dtype, lead
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return (shape,) if isinstance(shape, int) else tuple(shape)
-
-
-def _compute_dtype(dtype: Any) -> Any:
-    """Statistics are computed in at least float32 (bfloat16 inputs stay accurate)."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 class LayerNorm(Module):
@@ -92,7 +87,7 @@ class LayerNorm(Module):
 
     def _flat(self, x: Array) -> Array:
         axes = tuple(range(1, x.ndim))
-        xf = x.astype(_compute_dtype(x.dtype))
+        xf = x.astype(compute_dtype(x.dtype))
         mean = xf.mean(axes, keepdims=True)
         var = jnp.square(xf - mean).mean(axes, keepdims=True)
         y = (xf - mean) * lax.rsqrt(var + self.eps)
@@ -119,8 +114,8 @@ class RMSNorm(Module):
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
         >>> y = nn.RMSNorm(2, use_bias=False)(jnp.array([3.0, 4.0]))
-        >>> [round(v, 3) for v in y.tolist()]
-        [0.849, 1.131]
+        >>> tuple(round(v, 3) for v in y.tolist())
+        (0.849, 1.131)
     """
 
     weight: Float[Array, "*shape"] | None
@@ -163,7 +158,7 @@ class RMSNorm(Module):
 
     def _flat(self, x: Array) -> Array:
         axes = tuple(range(1, x.ndim))
-        xf = x.astype(_compute_dtype(x.dtype))
+        xf = x.astype(compute_dtype(x.dtype))
         y = xf * lax.rsqrt(jnp.square(xf).mean(axes, keepdims=True) + self.eps)
         if self.weight is not None:
             y = y * lead(self.weight.astype(y.dtype), y.ndim)
@@ -254,7 +249,7 @@ class GroupNorm(Module):
         n, c = x.shape[:2]
         if c % self.groups:
             raise ValueError(f"GroupNorm: groups={self.groups} must divide the {c} channels.")
-        xf = x.astype(_compute_dtype(x.dtype))
+        xf = x.astype(compute_dtype(x.dtype))
         g = xf.reshape((n, self.groups, -1))
         mean = g.mean(-1, keepdims=True)
         var = jnp.square(g - mean).mean(-1, keepdims=True)

@@ -63,3 +63,8 @@ def accepts_key(layer: Any) -> bool:
 def lead(a: Any, ndim: int) -> Any:
     """Reshape `a` with leading ones to rank `ndim` (explicit broadcasting, no rank promotion)."""
     return jnp.reshape(a, (1,) * (ndim - jnp.ndim(a)) + tuple(jnp.shape(a)))
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype to compute statistics in: at least float32 (without strict-promotion rules)."""
+    return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else jnp.dtype(dtype)
