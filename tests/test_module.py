@@ -289,7 +289,7 @@ def test_setting_after_init_raises_pointing_to_tree_at() -> None:
         lin.bias = jnp.zeros(3)
     assert isinstance(e.value, dataclasses.FrozenInstanceError)
     assert isinstance(e.value, AttributeError)
-    with pytest.raises(tm.FrozenModuleError, match=r"Cannot set Linear\.new_thing"):
+    with pytest.raises(tm.FrozenModuleError, match=r"Linear has no field 'new_thing'"):
         lin.new_thing = 1
     with pytest.raises(tm.FrozenModuleError, match=r"Cannot delete Linear\.bias.*tree_at"):
         del lin.bias

@@ -352,10 +352,16 @@ class Module(metaclass=_ModuleMeta):
                 )
             _setattr(self, name, value)
             return
+        cls_name = type(self).__qualname__
+        if name not in self.__dataclass_fields__:
+            raise FrozenModuleError(
+                f"Cannot set {cls_name}.{name}: {cls_name} has no field '{name}' and modules are "
+                "immutable after construction. Declare the field in the class body and set it "
+                "in __init__, or build a changed copy with `treemod.tree_at`."
+            )
         raise FrozenModuleError(
-            f"Cannot set {type(self).__qualname__}.{name}: modules are immutable after "
-            f"construction. Make a changed copy with "
-            f"`treemod.tree_at(lambda m: m.{name}, module, new_value)`."
+            f"Cannot set {cls_name}.{name}: modules are immutable after construction. Make a "
+            f"changed copy with `treemod.tree_at(lambda m: m.{name}, module, new_value)`."
         )
 
     def __delattr__(self, name: str) -> None:
