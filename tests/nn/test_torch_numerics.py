@@ -1,4 +1,4 @@
-"""Every layer with a PyTorch counterpart: copy the parameters into it, compare outputs (float32)."""
+"""Layers with a PyTorch counterpart: copy the parameters into it and compare (float32)."""
 
 import jax
 import jax.numpy as jnp
