@@ -147,3 +147,33 @@ def test_concept_page_code_runs(
     printed = capsys.readouterr().out
     if page == "transforms.md":
         assert expected_output is not None and expected_output.strip() in printed
+
+
+def _host_stats(x: np.ndarray, names: tuple) -> dict:
+    assert isinstance(x, np.ndarray)
+    return {names[0]: np.mean(x, axis=-1), names[1]: np.median(x, axis=-1), "unit": "m"}
+
+
+def test_pure_callback_matches_numpy_under_jit_and_vmap() -> None:
+    x = jnp.arange(12.0).reshape(3, 4) ** 1.5
+    expected = {"mean": np.mean(np.asarray(x), -1), "median": np.median(np.asarray(x), -1)}
+
+    def f(x: jax.Array) -> dict:
+        out = jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)
+        shape = {"mean": out, "median": out, "unit": "m"}
+        return tm.filter_pure_callback(
+            _host_stats, x, ("mean", "median"), result_shape_dtypes=shape, vmap_method="sequential"
+        )
+
+    for out in (tm.filter_jit(f)(x), tm.filter_vmap(f)(x)):
+        np.testing.assert_allclose(out["mean"], expected["mean"], rtol=1e-6)
+        np.testing.assert_allclose(out["median"], expected["median"], rtol=1e-6)
+        assert out["unit"] == "m"
+
+
+def test_pure_callback_structure_error() -> None:
+    shape = {"mean": jax.ShapeDtypeStruct((), jnp.float32)}
+    with pytest.raises(Exception, match=r"filter_pure_callback\(_host_stats\).*3 leaves"):
+        tm.filter_pure_callback(
+            _host_stats, jnp.ones(2), ("mean", "median"), result_shape_dtypes=shape
+        )

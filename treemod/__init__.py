@@ -18,6 +18,7 @@ from ._state import State, is_param, is_state, stateful, update_state
 # Transforms (filter_jit and friends).
 from . import debug as debug
 from ._ad import filter_grad, filter_value_and_grad
+from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
 from ._custom_vjp import filter_custom_vjp
@@ -73,6 +74,7 @@ __all__ = [
     "filter_eval_shape",
     "filter_grad",
     "filter_jit",
+    "filter_pure_callback",
     "filter_shard",
     "filter_value_and_grad",
     "filter_vmap",
