@@ -58,6 +58,8 @@ def test_predicates(value: object, array: bool, inexact: bool, like: bool) -> No
     assert tm.is_array(value) is array
     assert bool(tm.is_inexact_array(value)) is inexact
     assert tm.is_array_like(value) is like
+    inexact_like = inexact or isinstance(value, float | complex)
+    assert tm.is_inexact_array_like(value) is inexact_like
 
 
 def test_predicates_see_tracers_as_arrays() -> None:

@@ -84,6 +84,12 @@ def test_long_containers_stay_bounded() -> None:
     assert tm.tree_pformat(list(range(12))) == repr(list(range(12)))  # at the limit: all shown
 
 
+def test_tree_pformat_long_arrays() -> None:
+    text = tm.tree_pformat({"a": jnp.arange(3)}, short_arrays=False)
+    assert text == "{'a': Array([0, 1, 2], dtype=int32)}"
+    assert tm.tree_pformat(jax.ShapeDtypeStruct((2,), jnp.float32), short_arrays=False) == "f32[2]"
+
+
 def test_tree_pformat_rejects_tiny_max_items() -> None:
     with pytest.raises(ValueError, match="max_items must be at least 3, got 2"):
         tm.tree_pformat([1], max_items=2)

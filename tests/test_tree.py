@@ -169,6 +169,13 @@ def test_tree_equal_returns_python_bools() -> None:
     assert tm.tree_equal(jnp.array([jnp.nan]), jnp.array([jnp.nan])) is False  # like ==
 
 
+def test_tree_equal_typematch() -> None:
+    assert tm.tree_equal(jnp.ones(2), np.ones(2, np.float32), typematch=True) is False
+    assert tm.tree_equal([1, jnp.ones(2)], [1, jnp.ones(2)], typematch=True) is True
+    assert tm.tree_equal([1], [True]) is True  # 1 == True
+    assert tm.tree_equal([1], [True], typematch=True) is False
+
+
 def test_tree_equal_needs_a_tree() -> None:
     assert tm.tree_equal([1]) is True
     with pytest.raises(TypeError, match="needs at least one pytree"):

@@ -5,7 +5,15 @@ list every name in `__all__`.
 """
 
 # Filters and tree utilities.
-from ._filters import combine, filter, is_array, is_array_like, is_inexact_array, partition
+from ._filters import (
+    combine,
+    filter,
+    is_array,
+    is_array_like,
+    is_inexact_array,
+    is_inexact_array_like,
+    partition,
+)
 from ._pretty import tree_pformat, tree_summary
 from ._tree import apply_updates, tree_at, tree_equal
 
@@ -50,6 +58,7 @@ __all__ = [
     "is_array",
     "is_array_like",
     "is_inexact_array",
+    "is_inexact_array_like",
     "partition",
     "tree_at",
     "tree_equal",

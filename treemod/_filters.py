@@ -16,6 +16,7 @@ __all__ = [
     "is_array",
     "is_array_like",
     "is_inexact_array",
+    "is_inexact_array_like",
     "filter",
     "partition",
     "combine",
@@ -72,6 +73,19 @@ def is_inexact_array(element: Any) -> bool:
     return IS_ARRAY_TYPE[type(element)] and bool(
         jax.numpy.issubdtype(element.dtype, jax.numpy.inexact)
     )
+
+
+def is_inexact_array_like(element: Any) -> bool:
+    """Whether `element` is an inexact array or a Python `float`/`complex`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> [tm.is_inexact_array_like(x) for x in (1.5, 1, jnp.ones(2), jnp.arange(2))]
+        [True, False, True, False]
+    """
+    if IS_ARRAY_TYPE[type(element)]:
+        return bool(jax.numpy.issubdtype(element.dtype, jax.numpy.inexact))
+    return isinstance(element, float | complex)
 
 
 def is_array_like(element: Any) -> bool:

@@ -24,17 +24,17 @@ def _array_doc(x: Any) -> wl.AbstractDoc:
     return wl.array_summary(x.shape, np.dtype(x.dtype).name, kind=None)
 
 
-def _custom(max_items: int, indent: int) -> Any:
+def _custom(max_items: int, indent: int, short_arrays: bool) -> Any:
     """The `custom` hook for wadler_lindig: array summaries, and long containers elided."""
 
     def pdoc(obj: Any) -> wl.AbstractDoc:
-        return wl.pdoc(obj, custom=custom, short_arrays=True, indent=indent)
+        return wl.pdoc(obj, custom=custom, short_arrays=short_arrays, indent=indent)
 
     def more(n: int) -> wl.AbstractDoc:
         return wl.TextDoc(f"... {n} more ...")
 
     def custom(obj: Any) -> wl.AbstractDoc | None:
-        if _is_arraylike_leaf(obj):
+        if isinstance(obj, jax.ShapeDtypeStruct) or (short_arrays and is_array(obj)):
             return _array_doc(obj)
         if isinstance(obj, list | tuple) and len(obj) > max_items and not hasattr(obj, "_fields"):
             docs = [pdoc(o) for o in obj[: max_items - 2]] + [more(len(obj) - max_items + 2)]
@@ -54,7 +54,12 @@ def _custom(max_items: int, indent: int) -> Any:
 
 
 def tree_pformat(
-    pytree: Any, *, width: int = 88, indent: int = 2, max_items: int = _MAX_ITEMS
+    pytree: Any,
+    *,
+    width: int = 88,
+    indent: int = 2,
+    short_arrays: bool = True,
+    max_items: int = _MAX_ITEMS,
 ) -> str:
     """Format a pytree readably: arrays as `f32[64,32]`, nesting indented, long containers elided.
 
@@ -63,6 +68,7 @@ def tree_pformat(
             default value are not shown).
         width: the line width to fit.
         indent: how far each nesting level is indented.
+        short_arrays: print arrays as `f32[2,3]` (`False`: with their values).
         max_items: lists, tuples and dicts longer than this show their first `max_items - 2`
             entries and a count of the rest, so that a model with a thousand layers prints in
             a screenful.
@@ -79,8 +85,8 @@ def tree_pformat(
     """
     if max_items < 3:
         raise ValueError(f"tree_pformat: max_items must be at least 3, got {max_items}.")
-    custom = _custom(max_items, indent)
-    return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=True)
+    custom = _custom(max_items, indent, short_arrays)
+    return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=short_arrays)
 
 
 def _is_module(x: Any) -> bool:

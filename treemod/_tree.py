@@ -161,7 +161,9 @@ def tree_at(
     return rebuild(pytree, ())
 
 
-def _leaves_equal(x: Any, y: Any, rtol: float, atol: float) -> Any:
+def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> Any:
+    if typematch and type(x) is not type(y):
+        return False
     if is_array(x) != is_array(y):
         return False
     if not is_array(x):
@@ -178,7 +180,7 @@ def _leaves_equal(x: Any, y: Any, rtol: float, atol: float) -> Any:
     return bool(np.allclose(x, y, rtol=rtol, atol=atol))
 
 
-def tree_equal(*pytrees: Any, rtol: float = 0.0, atol: float = 0.0) -> Any:
+def tree_equal(*pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0) -> Any:
     """Whether all `pytrees` have the same structure and equal leaves.
 
     Arrays must match in shape, dtype and values (within `rtol`/`atol` if given); other leaves
@@ -186,6 +188,8 @@ def tree_equal(*pytrees: Any, rtol: float = 0.0, atol: float = 0.0) -> Any:
 
     Arguments:
         *pytrees: the trees to compare.
+        typematch: also require leaves to have the same type (`np.ndarray` and `jax.Array`
+            leaves with equal values then differ).
         rtol: relative tolerance for array values.
         atol: absolute tolerance for array values.
 
@@ -209,7 +213,7 @@ def tree_equal(*pytrees: Any, rtol: float = 0.0, atol: float = 0.0) -> Any:
         if treedef != treedef0:  # type: ignore[operator]
             return False
         for x, y in zip(leaves0, leaves, strict=True):
-            eq = _leaves_equal(x, y, rtol, atol)
+            eq = _leaves_equal(x, y, rtol, atol, typematch)
             if eq is False:
                 return False
             if eq is not True:
