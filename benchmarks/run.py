@@ -69,7 +69,15 @@ METRICS = (
     "params",
 )
 
-QUICK_CONFIG = {"tiny_iters": 5, "tiny_samples": 2, "big_iters": 2, "big_samples": 1}
+QUICK_CONFIG = {
+    "tiny_iters": 5,
+    "tiny_samples": 2,
+    "tiny_iters_heavy": 2,
+    "big_iters": 2,
+    "big_samples": 1,
+    "init_jit_workloads": ["mlp8"],
+    "big_workloads": ["mlp8"],
+}
 FULL_CONFIG = {"tiny_iters": 20, "tiny_samples": 5, "big_iters": 3, "big_samples": 3}
 
 
@@ -230,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="worker processes at once (default 1; more finishes sooner on a machine with idle "
-        "cores, but then only the CPU-time figures are comparable)",
+        default=None,
+        help="worker processes at once (default 1, quick: 2); more finishes sooner on a machine "
+        "with idle cores, but then only the CPU-time figures are comparable",
     )
     parser.add_argument("--no-docs", action="store_true", help="do not refresh docs/")
     parser.add_argument("--no-progress", action="store_true")
@@ -247,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             f"frameworks: {', '.join(FRAMEWORKS)}"
         )
     repeats = args.repeats or (1 if args.quick else 5)
+    args.jobs = args.jobs or (2 if args.quick else 1)
     out_dir = Path(args.out) if args.out else DEFAULT_OUT / ("quick" if args.quick else "")
     config = {**(QUICK_CONFIG if args.quick else FULL_CONFIG), **json.loads(args.config)}
 
