@@ -80,8 +80,8 @@ def is_inexact_array_like(element: Any) -> bool:
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
-        >>> [tm.is_inexact_array_like(x) for x in (1.5, 1, jnp.ones(2), jnp.arange(2))]
-        [True, False, True, False]
+        >>> tuple(tm.is_inexact_array_like(x) for x in (1.5, 1, jnp.ones(2), jnp.arange(2)))
+        (True, False, True, False)
     """
     if IS_ARRAY_TYPE[type(element)]:
         return bool(jax.numpy.issubdtype(element.dtype, jax.numpy.inexact))
