@@ -1,9 +1,11 @@
 """Render benchmark results (JSON from `benchmarks.run`) as Markdown tables and PNG charts.
 
-    python -m benchmarks.report benchmarks/results/results.json [--docs]
+    python -m benchmarks.report benchmarks/results/results.json [more.json ...] [--out DIR] [--docs]
 
-`--docs` also copies the charts to `docs/img/bench/` and replaces the generated part of
-`docs/benchmarks.md` (between the `<!-- results:begin -->` and `<!-- results:end -->` lines).
+Several files (runs that measured different workloads or frameworks) are merged into one
+report, written with the merged `results.json` to `--out`. `--docs` also copies the charts to
+`docs/img/bench/` and replaces the generated part of `docs/benchmarks.md` (between the
+`<!-- results:begin -->` and `<!-- results:end -->` lines).
 """
 
 from __future__ import annotations
@@ -171,9 +173,27 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
     """The report: machine, skipped frameworks, tables, targets, charts."""
     meta, mach = data["meta"], data["meta"]["machine"]
     v = mach["versions"]
+    done, planned = meta.get("completed_processes"), meta.get("planned_processes")
+    progress = f" ({done} of {planned} planned processes completed)" if planned else ""
+    stopped = f" Stopped early: {meta['stopped']}." if meta.get("stopped") else ""
+    runs = ""
+    if len(meta.get("runs", [])) > 1:
+        runs = (
+            " Merged from runs: "
+            + "; ".join(
+                f"{', '.join(r['workloads'])} ({r['started']}, {r.get('jobs') or 1} at once"
+                + (f", stopped: {r['stopped']}" if r.get("stopped") else "")
+                + ")"
+                for r in meta["runs"]
+            )
+            + "."
+        )
     lines = [
-        f"Mode **{meta['mode']}**, {meta['repeats']} repeat(s), {meta['processes']}; "
-        f"run {meta['started']} – {meta.get('finished', '?')} "
+        f"Mode **{meta['mode']}**, up to {meta['repeats']} repeat(s), {meta['processes']}"
+        f"{progress}, {meta.get('jobs') or 1} process(es) at once.{stopped}{runs}",
+        "",
+        f"Run "
+        f"{meta['started']} – {meta.get('finished', '?')} "
         f"({meta.get('duration_s', 0) / 60:.1f} min).",
         "",
         f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['platform']}, "
@@ -338,17 +358,72 @@ def update_docs(data: dict[str, Any], out_dir: Path) -> list[Path]:
     return copied
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine several runs' results (e.g. workloads measured in separate runs) into one."""
+    from .run import summarise
+    from .workloads.spec import workloads as all_workloads
+
+    order = list(all_workloads())
+    records: list[dict[str, Any]] = []
+    wls: dict[str, Any] = {}
+    status: dict[str, dict[str, Any]] = {}
+    for n, doc in enumerate(docs):
+        for rec in doc["records"]:
+            records.append({**rec, "run": n})
+        wls.update(doc["workloads"])
+        for fw, st in doc["frameworks"].items():
+            if fw not in status or st["status"] == "ok":
+                status[fw] = dict(st)
+    for fw, st in status.items():
+        mine = [r for r in records if r["framework"] == fw]
+        errs = [r["error"] for r in mine if "error" in r]
+        if mine and st["status"] != "skipped":
+            st["status"] = (
+                "ok" if not errs else "failed" if len(errs) == len(mine) else "partly failed"
+            )
+            if errs:
+                st["reason"] = errs[0]
+            else:
+                st.pop("reason", None)
+    meta = dict(docs[0]["meta"])
+    meta["runs"] = [
+        {k: d["meta"].get(k) for k in ("started", "finished", "jobs", "config", "stopped")}
+        | {"workloads": list(d["workloads"])}
+        for d in docs
+    ]
+    meta["started"] = min(d["meta"]["started"] for d in docs)
+    meta["finished"] = max(d["meta"].get("finished") or d["meta"]["started"] for d in docs)
+    meta["duration_s"] = max(d["meta"].get("duration_s", 0.0) for d in docs)
+    meta["completed_processes"] = sum(d["meta"].get("completed_processes", 0) for d in docs)
+    meta["planned_processes"] = sum(d["meta"].get("planned_processes", 0) for d in docs)
+    data = {
+        "meta": meta,
+        "frameworks": status,
+        "workloads": {w: wls[w] for w in sorted(wls, key=lambda w: order.index(w))},
+        "records": records,
+        "summary": summarise(records),
+    }
+    data["targets"] = targets(data)
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
-    parser.add_argument("results", help="results.json written by benchmarks.run")
+    parser.add_argument("results", nargs="+", help="results.json files written by benchmarks.run")
+    parser.add_argument("--out", default=None, help="directory (default: the first file's)")
     parser.add_argument("--docs", action="store_true", help="also refresh docs/benchmarks.md")
     args = parser.parse_args(argv)
-    path = Path(args.results)
-    data = json.loads(path.read_text())
+    paths = [Path(p) for p in args.results]
+    docs = [json.loads(p.read_text()) for p in paths]
+    data = merge(docs) if len(docs) > 1 else docs[0]
     data["targets"] = targets(data)
-    written = write(data, path.parent)
+    out = Path(args.out) if args.out else paths[0].parent
+    out.mkdir(parents=True, exist_ok=True)
+    if len(docs) > 1:
+        (out / "results.json").write_text(json.dumps(data, indent=1))
+    written = write(data, out)
     if args.docs:
-        written += update_docs(data, path.parent)
+        written += update_docs(data, out)
     print("wrote " + ", ".join(map(str, written)))
     return 0
 
