@@ -150,9 +150,7 @@ def test_stack_errors():
     with pytest.raises(IndexError, match="Stack index 2 out of range for 2 layers"):
         stack[2]
     with pytest.raises(ValueError, match="Stack.from_layers: layer 1 has an array"):
-        nn.Stack.from_layers(
-            [nn.Linear(2, 2, key=jax.random.key(0)), nn.Linear(2, 3, key=jax.random.key(0))]
-        )
+        nn.Stack.from_layers([tm.State(jnp.zeros(2)), tm.State(jnp.zeros(3))])
     with pytest.raises(
         ValueError, match="Stack.from_layers: layer 1 does not have the tree structure"
     ):

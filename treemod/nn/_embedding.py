@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
@@ -68,7 +68,7 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_size = jnp.shape(weight)
 
     def __call__(
-        self, x: Int[Array, "*batch"], *, key: PRNGKeyArray | None = None
+        self, x: Integer[Array, "*batch"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch embedding_size"]:
         """Look up rows.
 
