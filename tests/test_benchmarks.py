@@ -229,6 +229,20 @@ def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path)
     assert "![First call of the training step (s, log scale)](first_call.png)" in md
 
 
+def test_merge_combines_runs_of_different_workloads() -> None:
+    a = _data({"jax": "ok", "treemod": "ok"}, [_record("jax", "stack4_scan", 1.0, 0.1)])
+    b = _data(
+        {"jax": "ok", "treemod": "ok"},
+        [_record("jax", "mlp8", 2.0, 0.1), _record("treemod", "mlp8", 2.2, 0.1)],
+    )
+    merged = report.merge([a, b])
+    assert list(merged["workloads"]) == ["mlp8", "stack4_scan"]  # the suite's order
+    assert len(merged["records"]) == 3 and {r["run"] for r in merged["records"]} == {0, 1}
+    assert merged["summary"]["mlp8"]["treemod"]["ratio"]["first_call_s"] == pytest.approx(1.1)
+    assert [r["workloads"] for r in merged["meta"]["runs"]] == [["stack4_scan"], ["mlp8"]]
+    assert "Merged from runs: stack4_scan" in report.markdown(merged)
+
+
 def test_update_docs_replaces_only_the_generated_part(tmp_path: Path, monkeypatch) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\noutro\n")
