@@ -48,6 +48,9 @@ from ._shapecheck_config import (
 from ._safetensors import CheckpointError
 from ._serialisation import load, save, tree_deserialise_leaves, tree_serialise_leaves
 
+# The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`.
+from . import nn as nn
+
 __version__ = "0.1.0"
 
 __all__ = [
