@@ -290,6 +290,7 @@ def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
         scale = 1e3 if title.startswith("Steady") else 1.0
         fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(wls) + 2), 4.0))
         width = 0.8 / max(1, len(fws))
+        plotted = False
         for i, fw in enumerate(fws):
             xs, ys, lo, hi = [], [], [], []
             for j, wl in enumerate(wls):
@@ -300,9 +301,10 @@ def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
                     lo.append((s["median"] - s["min"]) * scale)
                     hi.append((s["max"] - s["median"]) * scale)
             ax.bar(xs, ys, width, yerr=[lo, hi], label=LABELS[fw], capsize=2)
+            plotted = plotted or bool(ys)
         ax.set_xticks(range(len(wls)), [data["workloads"][w]["title"] for w in wls], rotation=20,
                       ha="right", fontsize=8)  # fmt: skip
-        if log:
+        if log and plotted:  # an empty chart (nothing measured) stays linear
             ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=7, ncol=3)
