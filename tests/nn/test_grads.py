@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.test_util import check_grads
 
@@ -73,3 +74,22 @@ def test_lstm_and_dropout_and_embedding_grads():
         emb = nn.Embedding(5, 3, dtype=F64, key=jax.random.key(0))
         idx = jnp.array([0, 3, 3])
         check_grads(lambda w: nn.Embedding(weight=a(w))(idx), (emb.weight,), order=1, modes=["rev"])
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        nn.MaxPool2d(2, stride=2),
+        nn.AvgPool2d(2, stride=2),
+        nn.AvgPool2d(3, stride=2, use_ceil=True),
+    ],
+    ids=["max", "avg", "avg-ceil"],
+)
+def test_pool_gradients_under_jit_match_eager(pool: nn.MaxPool2d | nn.AvgPool2d) -> None:
+    # Regression: a traced init value made reduce_window non-differentiable under jit.
+    x = jnp.arange(2 * 3 * 6 * 6, dtype=jnp.float32).reshape(2, 3, 6, 6) / 7.0
+    grad = jax.grad(lambda x: pool(x).sum())
+    np.testing.assert_allclose(jax.jit(grad)(x), grad(x), rtol=1e-6)
+    # Max pooling routes each window's gradient to its maximum: one 1 per window.
+    if isinstance(pool, nn.MaxPool2d):
+        assert float(jax.jit(grad)(x).sum()) == 2 * 3 * 3 * 3

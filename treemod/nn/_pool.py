@@ -93,7 +93,7 @@ class _Pool(Module):
         full = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)]
         y = lax.reduce_window(
             x,
-            jnp.array(init, x.dtype),
+            np.asarray(init, dtype=x.dtype),  # concrete, so JAX picks the differentiable monoid
             op,
             (1, 1, *self.kernel_size),
             (1, 1, *self.stride),
