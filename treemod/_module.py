@@ -242,7 +242,7 @@ class _ModuleMeta(abc.ABCMeta):
             _INITIALISING.discard(key)
         for check in cls.__tm_check_inits__:
             check(self)
-        check_module_fields(self)
+        check_module_fields(self, constructing=True)
         return self
 
 

@@ -43,11 +43,13 @@ def install_call_checker(
     _call_checker[:] = [checker]
 
 
-def check_module_fields(module: Any) -> None:
-    """Check `module`'s fields with the installed checker, if any."""
+def check_module_fields(module: Any, constructing: bool = False) -> None:
+    """Check `module`'s fields with the installed checker, if any.
+
+    `constructing` is `True` from the Module construction protocol (strict checks) and `False`
+    from paths that rebuild a module, such as `tree_at`.
+    """
     if _field_checker:
-        # The metaclass's `__call__` constructs; every other caller (tree_at) rebuilds.
-        constructing = sys._getframe(1).f_code.co_name == "__call__"
         _field_checker[0](module, constructing)
 
 
