@@ -146,19 +146,24 @@ def tree_at(
         chosen[t] = i
     prefixes = {t[:k] for t in targets for k in range(len(t))}
 
-    def rebuild(node: Any, pos: tuple[int, ...]) -> Any:
+    def rebuild(node: Any, pos: tuple[int, ...], check: bool) -> Any:
         if pos in chosen:
             i = chosen[pos]
             return replace_fn(node) if new_values is None else new_values[i]
         if pos not in prefixes:
             return node
         children, treedef = _one_level(node)
-        new = treedef.unflatten([rebuild(c, pos + (i,)) for i, c in enumerate(children)])
-        if hasattr(type(new), "__tm_static_fields__"):  # a Module: let shape checks see it
+        # Below a module whose arrays carry an extra leading axis (`nn.Stack`), field
+        # annotations describe one slice, so rebuilt descendants are not checked.
+        inner_check = check and not getattr(type(node), "__tm_stacked_children__", False)
+        new = treedef.unflatten(
+            [rebuild(c, pos + (i,), inner_check) for i, c in enumerate(children)]
+        )
+        if check and hasattr(type(new), "__tm_static_fields__"):  # a Module: shape checks
             check_module_fields(new)
         return new
 
-    return rebuild(pytree, ())
+    return rebuild(pytree, (), True)
 
 
 def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> Any:

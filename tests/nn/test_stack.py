@@ -164,3 +164,16 @@ def test_stack_errors():
         ValueError, match=r"Stack: each layer must return an output with the structure"
     ):
         grow(jnp.ones(2))
+
+
+def test_tree_at_edits_inside_a_stack() -> None:
+    # The stacked arrays have an extra leading axis, so tree_at must not shape-check the
+    # layer annotations (which describe one slice) below a Stack.
+    stack = nn.Stack(lambda k: nn.Linear(3, 3, key=k), 4, key=jax.random.key(0))
+    new_weight = jnp.zeros((4, 3, 3))
+    edited = tm.tree_at(lambda s: s.layers.weight, stack, new_weight)
+    assert edited.layers.weight is new_weight
+    np.testing.assert_array_equal(edited(jnp.ones(3)), np.asarray(stack.layers.bias[-1]))
+    # Above the Stack, checks still run: a wrong shape in a checked module is caught.
+    with pytest.raises(tm.ShapeCheckError, match="Linear.weight"):
+        tm.tree_at(lambda m: m.weight, nn.Linear(3, 3, key=jax.random.key(1)), jnp.zeros(3))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,9 @@ class Stack(Module):
         >>> len(stack), stack[0].weight.shape
         (6, (8, 8))
     """
+
+    # Tells `tree_at` that the arrays below carry the extra layer axis (not shape-checked).
+    __tm_stacked_children__: ClassVar[bool] = True
 
     layers: Any
     num_layers: int = field(static=True)
