@@ -119,3 +119,33 @@ def test_lstm_cell(batch):
     expected = _vmapped(lambda x, h, c: cell(x, (h, c)), len(batch), 0)(x, h, c)
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _primitives(fn, *args):
+    return [e.primitive.name for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns]
+
+
+@pytest.mark.parametrize("shape", [(8, 4), (4,)])
+def test_linear_stages_as_few_ops_as_plain_jax(shape):
+    """Batch handling adds nothing to the program: `x @ W.T + b` is one dot and one add.
+
+    Tracing cost is paid on every compile, so extra reshapes or transposes per layer show up
+    directly in the first-call time of deep models.
+    """
+    layer = nn.Linear(4, 3, key=K)
+    ops = _primitives(layer, jnp.ones(shape))
+    assert ops.count("dot_general") == 1
+    assert "transpose" not in ops
+    # The bias is lined up with one reshape (no rank promotion); the input is not reshaped
+    # when it already has exactly one batch axis.
+    assert ops.count("reshape") == (1 if len(shape) == 2 else 3), ops
+
+
+def test_linear_mixed_dtypes_follow_matmul_promotion():
+    layer = nn.Linear(4, 3, key=K)
+    x = jnp.ones((2, 4), jnp.bfloat16)
+    with jax.numpy_dtype_promotion("standard"):
+        got = layer(x)
+        want = x @ layer.weight.T + layer.bias[None]
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+from jax import lax
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
 
@@ -100,17 +101,18 @@ def batch_apply(
             axes.append(None)
             continue
         core_shape = tuple(jnp.shape(x))[jnp.ndim(x) - len(dims) :]
+        # `lax` reshapes bind one primitive, or none when the shape is already right.
         if jnp.ndim(x) == len(dims):
             if vectorised:
-                args.append(jnp.broadcast_to(x, (n if batch else 1,) + core_shape))
+                args.append(
+                    lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape)
+                )
                 axes.append(0)
             else:
                 args.append(x)
                 axes.append(None)
         else:
-            args.append(jnp.reshape(x, (n,) + core_shape))
+            args.append(lax.reshape(x, (n,) + core_shape))
             axes.append(0)
     out = fn(*args) if vectorised else jax.vmap(fn, in_axes=tuple(axes))(*args)
-    if not batch:
-        return jtu.tree_map(lambda o: o[0], out)
-    return jtu.tree_map(lambda o: jnp.reshape(o, batch + o.shape[1:]), out)
+    return jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)

@@ -6,13 +6,12 @@ import math
 from typing import Any, Literal
 
 import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import default_dtype, lead, require_key
+from ._utils import default_dtype, lead, matmul_t, require_key
 
 __all__ = ["Linear", "Identity"]
 
@@ -107,7 +106,7 @@ class Linear(Module):
     def _flat(self, x: Array) -> Array:
         if self.in_features == "scalar":
             x = x[..., None]
-        y = jnp.matmul(x, self.weight.T)
+        y = matmul_t(x, self.weight)
         if self.bias is not None:
             y = y + lead(self.bias, y.ndim)
         if self.out_features == "scalar":

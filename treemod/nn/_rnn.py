@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._module import Module, field
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import default_dtype, lead, require_key
+from ._utils import default_dtype, lead, matmul_t, require_key
 
 __all__ = ["GRUCell", "LSTMCell"]
 
@@ -128,8 +128,8 @@ class GRUCell(Module):
         return batch_apply("GRUCell", self._flat, inputs, vectorised=True)
 
     def _flat(self, x: Array, h: Array) -> Array:
-        gi = x @ self.weight_ih.T
-        gh = h @ self.weight_hh.T
+        gi = matmul_t(x, self.weight_ih)
+        gh = matmul_t(h, self.weight_hh)
         if self.bias is not None:
             gi = gi + lead(self.bias, gi.ndim)
         ir, iz, i_n = jnp.split(gi, 3, axis=-1)
@@ -232,7 +232,7 @@ class LSTMCell(Module):
         return batch_apply("LSTMCell", self._flat, inputs, vectorised=True)
 
     def _flat(self, x: Array, h: Array, c: Array) -> tuple[Array, Array]:
-        gates = x @ self.weight_ih.T + h @ self.weight_hh.T
+        gates = matmul_t(x, self.weight_ih) + matmul_t(h, self.weight_hh)
         if self.bias is not None:
             gates = gates + lead(self.bias, gates.ndim)
         i, f, g, o = jnp.split(gates, 4, axis=-1)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 
 def default_dtype(dtype: Any) -> Any:
@@ -61,8 +63,24 @@ def accepts_key(layer: Any) -> bool:
 
 
 def lead(a: Any, ndim: int) -> Any:
-    """Reshape `a` with leading ones to rank `ndim` (explicit broadcasting, no rank promotion)."""
-    return jnp.reshape(a, (1,) * (ndim - jnp.ndim(a)) + tuple(jnp.shape(a)))
+    """Reshape `a` with leading ones to rank `ndim` (explicit broadcasting, no rank promotion).
+
+    `lax.reshape` binds one primitive (and none when the rank is already `ndim`), which keeps
+    the layers cheap to trace; `jnp.reshape` would stage a nested `jit` per call.
+    """
+    shape = tuple(np.shape(a))
+    return lax.reshape(a, (1,) * (ndim - len(shape)) + shape)
+
+
+def matmul_t(x: Any, weight: Any) -> Any:
+    """`x @ weight.T` for `x` of shape `(..., in)` and `weight` of shape `(out, in)`.
+
+    One `dot_general` contracting the last axes, so tracing stages no transpose; inputs of
+    different dtypes take `jnp.matmul`'s promotion rules instead.
+    """
+    if x.dtype != weight.dtype:
+        return jnp.matmul(x, weight.T)
+    return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
 
 
 def compute_dtype(dtype: Any) -> Any:
