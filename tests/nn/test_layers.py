@@ -236,3 +236,18 @@ ERRORS = [
 def test_errors(fn, exc, match):
     with pytest.raises(exc, match=match):
         fn()
+
+
+def test_prelu_errors_name_the_class_and_the_problem():
+    with pytest.raises(TypeError, match="PReLU: `init_alpha` must be a number or a JAX array"):
+        nn.PReLU("0.25")
+    with pytest.raises(ValueError, match=r"PReLU: the slope has shape \(3, 1, 1\)"):
+        nn.PReLU(jnp.ones((3, 1, 1)))(jnp.ones((4, 4)))
+
+
+@pytest.mark.parametrize("cls", ["AdaptiveAvgPool3d", "AdaptiveMaxPool2d"])
+def test_adaptive_pool_errors_name_the_class(cls):
+    with pytest.raises(ValueError, match=f"{cls}: `target_shape` must be positive"):
+        getattr(nn, cls)(0)
+    with pytest.raises(tm.ShapeCheckError, match=f"{cls}.__call__ argument x"):
+        getattr(nn, cls)(1)(jnp.ones(3))

@@ -439,3 +439,71 @@ def test_default_init_matches_pytorch_in_distribution():
             assert abs(a.mean()) < 5 * c / np.sqrt(3 * n)
             assert abs(a.std() - b.std()) < 0.05 * b.std() + 6 * c / np.sqrt(n)
             assert abs(a.std() - c / np.sqrt(3)) < 0.03 * c + 6 * c / np.sqrt(n)
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=str)
+def test_pools_3d(case):
+    x = rand(4, 2, 3, 7, 6, 5)
+    close(nn.MaxPool3d(**case)(x), torch.nn.MaxPool3d(**_torch_pool_kwargs(case))(t(x)))
+    close(nn.AvgPool3d(**case)(x), torch.nn.AvgPool3d(**_torch_pool_kwargs(case))(t(x)))
+
+
+@pytest.mark.parametrize(
+    "size,target",
+    [((7, 5, 4), (3, 2, 2)), ((8, 8, 8), (4, 4, 1)), ((5, 9, 3), (1, 1, 1)), ((4, 6, 3), (4, 7, 5))],
+)
+def test_adaptive_pools(size, target):
+    x = rand(5, 2, 3, *size)
+    for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))):
+        xd = x[(..., *cut)] if cut else x
+        for kind in ("Avg", "Max"):
+            ours = getattr(nn, f"Adaptive{kind}Pool{d}d")(target[:d])
+            theirs = getattr(torch.nn, f"Adaptive{kind}Pool{d}d")(target[:d])
+            close(ours(xd), theirs(t(xd)))
+
+
+def test_adaptive_max_pool_gradient_matches_torch():
+    x = rand(6, 2, 3, 7, 5)
+    pool = nn.AdaptiveMaxPool2d((3, 2))
+    grad = jax.grad(lambda x: jnp.sum(pool(x) * jnp.arange(6.0).reshape(1, 1, 3, 2)))(x)
+    xt = t(x).requires_grad_()
+    (torch.nn.AdaptiveMaxPool2d((3, 2))(xt) * torch.arange(6.0).reshape(3, 2)).sum().backward()
+    close(grad, xt.grad)
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES[:5], ids=str)
+def test_conv_transpose3d(case):
+    layer = nn.ConvTranspose3d(4, 6, key=jax.random.key(0), **case)
+    ref = torch.nn.ConvTranspose3d(
+        4,
+        6,
+        case["kernel_size"],
+        stride=case.get("stride", 1),
+        padding=case.get("padding", 0),
+        output_padding=case.get("output_padding", 0),
+        groups=case.get("groups", 1),
+        bias=case.get("use_bias", True),
+        dilation=case.get("dilation", 1),
+    )
+    _copy_transpose(layer, ref, case.get("groups", 1))
+    x = rand(7, 2, 4, 4, 5, 3)
+    close(layer(x), ref(t(x)))
+
+
+@pytest.mark.parametrize("channels", [None, 3])
+def test_prelu_value_and_gradients(channels):
+    x = rand(8, 2, 3, 4, 5)
+    if channels is None:
+        ours, ref = nn.PReLU(0.2), torch.nn.PReLU(init=0.2)
+    else:
+        slope = jnp.array([0.1, 0.2, 0.3]).reshape(3, 1, 1)
+        ours, ref = nn.PReLU(slope), torch.nn.PReLU(num_parameters=3)
+        with torch.no_grad():
+            ref.weight.copy_(t(slope.reshape(3)))
+    close(ours(x), ref(t(x)))
+    weights = rand(9, *x.shape)
+    g_slope, g_x = jax.grad(lambda m, x: jnp.sum(m(x) * weights), argnums=(0, 1))(ours, x)
+    xt = t(x).requires_grad_()
+    (ref(xt) * t(weights)).sum().backward()
+    close(g_x, xt.grad)
+    close(g_slope.negative_slope.reshape(-1), ref.weight.grad)

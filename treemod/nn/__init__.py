@@ -6,9 +6,18 @@ name in `__all__`.
 
 # Layers, initialisers, containers, Stack.
 from . import init
+from ._activations import PReLU
+from ._adaptive_pool import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
+)
 from ._attention import MultiheadAttention
 from ._conv import Conv, Conv1d, Conv2d, Conv3d
-from ._conv_transpose import ConvTranspose, ConvTranspose1d, ConvTranspose2d
+from ._conv_transpose import ConvTranspose, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._dropout import Dropout
 from ._embedding import Embedding
 from ._keys import KeySeq, split_like
@@ -16,14 +25,14 @@ from ._linear import Identity, Linear
 from ._mlp import MLP
 from ._normalisation import GroupNorm, LayerNorm, RMSNorm
 from ._pool import (
-    AdaptiveAvgPool1d,
-    AdaptiveAvgPool2d,
     AvgPool,
     AvgPool1d,
     AvgPool2d,
+    AvgPool3d,
     MaxPool,
     MaxPool1d,
     MaxPool2d,
+    MaxPool3d,
 )
 from ._rnn import GRUCell, LSTMCell
 from ._sequential import Lambda, Sequential
@@ -39,9 +48,14 @@ __all__: list[str] = [
     # Layers, initialisers, containers, Stack.
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
     "AvgPool",
     "AvgPool1d",
     "AvgPool2d",
+    "AvgPool3d",
     "Conv",
     "Conv1d",
     "Conv2d",
@@ -49,6 +63,7 @@ __all__: list[str] = [
     "ConvTranspose",
     "ConvTranspose1d",
     "ConvTranspose2d",
+    "ConvTranspose3d",
     "Dropout",
     "Embedding",
     "GRUCell",
@@ -63,7 +78,9 @@ __all__: list[str] = [
     "MaxPool",
     "MaxPool1d",
     "MaxPool2d",
+    "MaxPool3d",
     "MultiheadAttention",
+    "PReLU",
     "RMSNorm",
     "Sequential",
     "Stack",

@@ -104,9 +104,7 @@ def batch_apply(
         # `lax` reshapes bind one primitive, or none when the shape is already right.
         if jnp.ndim(x) == len(dims):
             if vectorised:
-                args.append(
-                    lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape)
-                )
+                args.append(lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape))
                 axes.append(0)
             else:
                 args.append(x)

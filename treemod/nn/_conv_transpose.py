@@ -16,7 +16,7 @@ from ._batching import Core, batch_apply
 from ._conv import _dimension_numbers, _init_params, _padding
 from ._utils import as_tuple
 
-__all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d"]
+__all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 
 class ConvTranspose(Module):
@@ -264,4 +264,60 @@ class ConvTranspose2d(ConvTranspose):
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch out_channels new_height new_width"]:
         """Apply to `x` of shape `(*batch, in_channels, height, width)`."""
+        return super().__call__(x)
+
+
+class ConvTranspose3d(ConvTranspose):
+    """A 3-d transposed convolution over `(*batch, in_channels, depth, height, width)`.
+
+    See `ConvTranspose` for the arguments.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod.nn as nn
+        >>> up = nn.ConvTranspose3d(4, 2, kernel_size=2, stride=2, key=jax.random.key(0))
+        >>> up(jnp.ones((4, 3, 5, 6))).shape
+        (2, 6, 10, 12)
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        output_padding: int | Sequence[int] = 0,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+    ) -> None:
+        super().__init__(
+            3,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            output_padding,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+        )
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch in_channels depth height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch out_channels new_depth new_height new_width"]:
+        """Apply to `x` of shape `(*batch, in_channels, depth, height, width)`."""
         return super().__call__(x)

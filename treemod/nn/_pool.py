@@ -1,4 +1,4 @@
-"""Pooling: `MaxPool1d/2d`, `AvgPool1d/2d` (and the N-d `MaxPool`, `AvgPool`), adaptive average."""
+"""Window pooling: `MaxPool1d/2d/3d`, `AvgPool1d/2d/3d` and the N-d `MaxPool`, `AvgPool`."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from ._batching import Core, batch_apply
 from ._utils import as_tuple, lead
 
 __all__ = [
-    "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d",
     "AvgPool",
     "AvgPool1d",
     "AvgPool2d",
+    "AvgPool3d",
     "MaxPool",
     "MaxPool1d",
     "MaxPool2d",
+    "MaxPool3d",
 ]
 
 
@@ -235,6 +235,34 @@ class MaxPool2d(MaxPool):
         return super().__call__(x)
 
 
+class MaxPool3d(MaxPool):
+    """3-d max pooling over `(*batch, channels, depth, height, width)`; see `MaxPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.MaxPool3d(2, stride=2)(jnp.ones((2, 3, 8, 8, 8))).shape
+        (2, 3, 4, 4, 4)
+    """
+
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(3, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+
+    def __call__(
+        self,
+        x: Float[Array, "*batch channels depth height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        return super().__call__(x)
+
+
 class AvgPool1d(AvgPool):
     """1-d average pooling over `(*batch, channels, length)`; see `AvgPool`.
 
@@ -288,77 +316,29 @@ class AvgPool2d(AvgPool):
         return super().__call__(x)
 
 
-def _adaptive_matrix(size: int, target: int) -> np.ndarray:
-    """`(target, size)` averaging matrix with PyTorch's adaptive windows."""
-    m = np.zeros((target, size), np.float64)
-    for i in range(target):
-        start = (i * size) // target
-        end = -(-((i + 1) * size) // target)
-        m[i, start:end] = 1.0 / (end - start)
-    return m
-
-
-class _AdaptiveAvgPool(Module):
-    target_shape: tuple[int, ...] = field(static=True)
-
-    def _apply(self, x: Array) -> Array:
-        n = len(self.target_shape)
-        core = (("channels", None),) + tuple((f"spatial{i}", None) for i in range(n))
-        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
-
-    def _flat(self, x: Array) -> Array:
-        letters = "hwd"
-        for i, t in enumerate(self.target_shape):
-            m = jnp.asarray(_adaptive_matrix(x.shape[2 + i], t), x.dtype)
-            axis = letters[i]
-            spec = "nc" + letters[: len(self.target_shape)]
-            out = spec.replace(axis, "o")
-            x = jnp.einsum(f"{spec},o{axis}->{out}", x, m)
-        return x
-
-
-class AdaptiveAvgPool1d(_AdaptiveAvgPool):
-    """Average pooling to a fixed output length, with PyTorch's adaptive windows.
-
-    Arguments:
-        target_shape: the output length (an int or a 1-tuple).
+class AvgPool3d(AvgPool):
+    """3-d average pooling over `(*batch, channels, depth, height, width)`; see `AvgPool`.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
-        >>> nn.AdaptiveAvgPool1d(2)(jnp.arange(6.0).reshape(1, 6))
-        Array([[1., 4.]], dtype=float32)
+        >>> nn.AvgPool3d(2, stride=2)(jnp.ones((2, 3, 8, 8, 8))).shape
+        (2, 3, 4, 4, 4)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        self.target_shape = as_tuple("AdaptiveAvgPool1d", "target_shape", target_shape, 1)
-
-    def __call__(
-        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch channels target"]:
-        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
-        return self._apply(x)
-
-
-class AdaptiveAvgPool2d(_AdaptiveAvgPool):
-    """Average pooling to a fixed output size `(height, width)`, with PyTorch's adaptive windows.
-
-    Arguments:
-        target_shape: the output `(height, width)` (an int for a square).
-
-    Example:
-        >>> import jax.numpy as jnp, treemod.nn as nn
-        >>> nn.AdaptiveAvgPool2d((1, 1))(jnp.ones((8, 64, 7, 7))).shape
-        (8, 64, 1, 1)
-    """
-
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        self.target_shape = as_tuple("AdaptiveAvgPool2d", "target_shape", target_shape, 2)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+    ) -> None:
+        super().__init__(3, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
 
     def __call__(
         self,
-        x: Float[Array, "*batch channels height width"],
+        x: Float[Array, "*batch channels depth height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels target_height target_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`."""
-        return self._apply(x)
+    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        return super().__call__(x)
