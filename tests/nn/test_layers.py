@@ -251,3 +251,40 @@ def test_adaptive_pool_errors_name_the_class(cls):
         getattr(nn, cls)(0)
     with pytest.raises(tm.ShapeCheckError, match=f"{cls}.__call__ argument x"):
         getattr(nn, cls)(1)(jnp.ones(3))
+
+
+def _rope_reference(x, theta=10_000.0):
+    """Hand-derived: feature pairs (i, i + d/2) at position p rotate by p * theta^(-2i/d)."""
+    x = np.asarray(x, np.float64)
+    seq, d = x.shape[-2:]
+    half = d // 2
+    angle = np.arange(seq)[:, None] * theta ** (-2.0 * np.arange(half) / d)[None, :]
+    a, b = x[..., :half], x[..., half:]
+    rotated = (a + 1j * b) * np.exp(1j * angle)
+    return np.concatenate([rotated.real, rotated.imag], axis=-1)
+
+
+@pytest.mark.parametrize("shape,theta", [((5, 8), 10_000.0), ((2, 3, 7, 4), 100.0)])
+def test_rotary_embedding_matches_complex_rotation(shape, theta):
+    x = jax.random.normal(jax.random.key(0), shape)
+    rope = nn.RotaryPositionalEmbedding(shape[-1], theta=theta)
+    np.testing.assert_allclose(rope(x), _rope_reference(x, theta), rtol=1e-5, atol=1e-5)
+    # A rotation keeps the norm of every pair, and relative positions are what a dot sees.
+    np.testing.assert_allclose(
+        jnp.linalg.norm(rope(x), axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5
+    )
+
+
+def test_rotary_embedding_matches_equinox():
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    x = jax.random.normal(jax.random.key(1), (6, 8))
+    ours = nn.RotaryPositionalEmbedding(8, theta=500.0)
+    theirs = eqx.nn.RotaryPositionalEmbedding(8, theta=500.0)
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-6)
+
+
+def test_rotary_embedding_errors_name_the_class():
+    with pytest.raises(ValueError, match="RotaryPositionalEmbedding: `embedding_size` must be"):
+        nn.RotaryPositionalEmbedding(5)
+    with pytest.raises(ValueError, match=r"RotaryPositionalEmbedding: `x` must have shape .*=4"):
+        nn.RotaryPositionalEmbedding(4)(jnp.ones((3, 6)))

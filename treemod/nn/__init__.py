@@ -35,6 +35,7 @@ from ._pool import (
     MaxPool3d,
 )
 from ._rnn import GRUCell, LSTMCell
+from ._rotary import RotaryPositionalEmbedding
 from ._sequential import Lambda, Sequential
 from ._stack import Stack
 
@@ -82,6 +83,7 @@ __all__: list[str] = [
     "MultiheadAttention",
     "PReLU",
     "RMSNorm",
+    "RotaryPositionalEmbedding",
     "Sequential",
     "Stack",
     "init",
