@@ -288,3 +288,22 @@ def test_rotary_embedding_errors_name_the_class():
         nn.RotaryPositionalEmbedding(5)
     with pytest.raises(ValueError, match=r"RotaryPositionalEmbedding: `x` must have shape .*=4"):
         nn.RotaryPositionalEmbedding(4)(jnp.ones((3, 6)))
+
+
+def test_weight_norm_matches_equinox():
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    key = jax.random.key(2)
+    theirs = eqx.nn.WeightNorm(eqx.nn.Conv1d(2, 3, 3, key=key), axis=None)
+    ours = nn.WeightNorm(nn.Conv1d(2, 3, 3, key=key), axis=None)
+    ours = tm.tree_at(lambda m: m.layer.weight, ours, theirs.layer.weight)
+    ours = tm.tree_at(lambda m: m.layer.bias, ours, theirs.layer.bias.reshape(-1))
+    x = jax.random.normal(key, (2, 9))
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-6)
+
+
+def test_weight_norm_errors_name_the_layer_and_field():
+    linear = nn.Linear(3, 2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="WeightNorm: Linear has no array field 'kernel'"):
+        nn.WeightNorm(linear, weight_name="kernel")
+    with pytest.raises(ValueError, match=r"`axis=2` is out of range for the weight Linear.weight"):
+        nn.WeightNorm(linear, axis=2)

@@ -47,6 +47,8 @@ SINGLE = {
     "AvgPool3d": (nn.AvgPool3d(2, 2, use_ceil=True), (2, 3, 3, 4)),
     "ConvTranspose3d": (nn.ConvTranspose3d(2, 3, 2, stride=2, key=K), (2, 2, 3, 2)),
     "PReLU-per-channel": (nn.PReLU(jnp.full((2, 1), 0.3)), (2, 5)),
+    "RotaryPositionalEmbedding": (nn.RotaryPositionalEmbedding(4), (3, 4)),
+    "WeightNorm-Conv1d": (nn.WeightNorm(nn.Conv1d(2, 3, 3, key=K)), (2, 6)),
     "LayerNorm": (nn.LayerNorm((3, 4)), (3, 4)),
     "RMSNorm": (nn.RMSNorm(5), (5,)),
     "GroupNorm": (nn.GroupNorm(2, 4, spatial_ndim=1), (4, 3)),

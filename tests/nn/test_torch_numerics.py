@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import treemod as tm
 import treemod.nn as nn
 
 torch = pytest.importorskip(
@@ -512,3 +513,29 @@ def test_prelu_value_and_gradients(channels):
     (ref(xt) * t(weights)).sum().backward()
     close(g_x, xt.grad)
     close(g_slope.negative_slope.reshape(-1), ref.weight.grad)
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_weight_norm_matches_torch_parametrization(kind):
+    if kind == "linear":
+        layer, ref = nn.Linear(5, 4, key=jax.random.key(0)), torch.nn.Linear(5, 4)
+        x = rand(10, 3, 5)
+    else:
+        layer = nn.Conv2d(3, 4, 3, padding=1, key=jax.random.key(0))
+        ref = torch.nn.Conv2d(3, 4, 3, padding=1)
+        x = rand(10, 2, 3, 6, 5)
+    with torch.no_grad():
+        ref.weight.copy_(t(layer.weight))
+        ref.bias.copy_(t(layer.bias))
+    ours = nn.WeightNorm(layer)
+    ref = torch.nn.utils.parametrizations.weight_norm(ref, dim=0)
+    # Change the learnt length so that the test sees it used.
+    ours = tm.tree_at(lambda m: m.g, ours, ours.g * 1.5)
+    with torch.no_grad():
+        ref.parametrizations.weight.original0.mul_(1.5)
+    close(ours(x), ref(t(x)))
+    weights = rand(11, *ours(x).shape)
+    grads = jax.grad(lambda m: jnp.sum(m(x) * weights))(ours)
+    (ref(t(x)) * t(weights)).sum().backward()
+    close(grads.g.reshape(-1), ref.parametrizations.weight.original0.grad.reshape(-1))
+    close(grads.layer.weight, ref.parametrizations.weight.original1.grad)

@@ -38,6 +38,7 @@ from ._rnn import GRUCell, LSTMCell
 from ._rotary import RotaryPositionalEmbedding
 from ._sequential import Lambda, Sequential
 from ._stack import Stack
+from ._weight_norm import WeightNorm
 
 # isort: split
 
@@ -86,6 +87,7 @@ __all__: list[str] = [
     "RotaryPositionalEmbedding",
     "Sequential",
     "Stack",
+    "WeightNorm",
     "init",
     "split_like",
     # BatchNorm and inference mode.
