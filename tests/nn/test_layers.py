@@ -307,3 +307,41 @@ def test_weight_norm_errors_name_the_layer_and_field():
         nn.WeightNorm(linear, weight_name="kernel")
     with pytest.raises(ValueError, match=r"`axis=2` is out of range for the weight Linear.weight"):
         nn.WeightNorm(linear, axis=2)
+
+
+def test_spectral_norm_estimates_the_largest_singular_value():
+    w = jnp.diag(jnp.array([3.0, 1.0, 0.5]))
+    linear = tm.tree_at(lambda m: m.weight, nn.Linear(3, 3, key=jax.random.key(0)), w)
+    sn = nn.SpectralNorm(linear, key=jax.random.key(1))
+    np.testing.assert_allclose(jnp.abs(sn.u.value), [1.0, 0.0, 0.0], atol=1e-4)
+    np.testing.assert_allclose(sn.weight, w / 3.0, rtol=1e-5, atol=1e-6)
+
+
+def test_spectral_norm_training_needs_stateful_and_errors_name_the_class():
+    linear = nn.Linear(3, 2, key=jax.random.key(0))
+    sn = nn.SpectralNorm(linear, key=jax.random.key(1))
+    with pytest.raises(RuntimeError, match=r"SpectralNorm is in training mode.*stateful"):
+        sn(jnp.ones(3))
+    assert nn.inference_mode(sn)(jnp.ones(3)).shape == (2,)
+    with pytest.raises(ValueError, match=r"SpectralNorm: Linear.bias must be an array of at least"):
+        nn.SpectralNorm(linear, "bias", key=jax.random.key(1))
+    with pytest.raises(ValueError, match="SpectralNorm: `num_power_iterations` must be >= 0"):
+        nn.SpectralNorm(linear, num_power_iterations=-1, key=jax.random.key(1))
+
+
+def test_spectral_norm_matches_equinox():
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    key, k2 = jax.random.key(3), jax.random.key(4)
+    theirs, state = eqx.nn.make_with_state(eqx.nn.SpectralNorm)(
+        eqx.nn.Linear(5, 4, key=key), "weight", key=k2
+    )
+    ours = nn.SpectralNorm(nn.Linear(5, 4, key=key), key=k2)
+    ours = tm.tree_at(lambda m: m.layer.weight, ours, theirs.layer.weight)
+    ours = tm.tree_at(lambda m: m.layer.bias, ours, theirs.layer.bias)
+    u, v = state.get(theirs.uv_index)
+    ours = tm.tree_at(lambda m: (m.u.value, m.v.value), ours, (u, v))
+    x = jax.random.normal(key, (5,))
+    y_theirs, state = theirs(x, state)
+    y_ours, ours = tm.stateful(ours)(x)
+    np.testing.assert_allclose(y_ours, y_theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.u.value, state.get(theirs.uv_index)[0], rtol=1e-5, atol=1e-6)

@@ -49,6 +49,10 @@ SINGLE = {
     "PReLU-per-channel": (nn.PReLU(jnp.full((2, 1), 0.3)), (2, 5)),
     "RotaryPositionalEmbedding": (nn.RotaryPositionalEmbedding(4), (3, 4)),
     "WeightNorm-Conv1d": (nn.WeightNorm(nn.Conv1d(2, 3, 3, key=K)), (2, 6)),
+    "SpectralNorm-inference": (
+        nn.SpectralNorm(nn.Linear(3, 2, key=K), inference=True, key=K),
+        (3,),
+    ),
     "LayerNorm": (nn.LayerNorm((3, 4)), (3, 4)),
     "RMSNorm": (nn.RMSNorm(5), (5,)),
     "GroupNorm": (nn.GroupNorm(2, 4, spatial_ndim=1), (4, 3)),

@@ -539,3 +539,36 @@ def test_weight_norm_matches_torch_parametrization(kind):
     (ref(t(x)) * t(weights)).sum().backward()
     close(grads.g.reshape(-1), ref.parametrizations.weight.original0.grad.reshape(-1))
     close(grads.layer.weight, ref.parametrizations.weight.original1.grad)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_spectral_norm_matches_torch_parametrization(iterations):
+    layer = nn.Conv2d(3, 4, 3, key=jax.random.key(0))
+    ref = torch.nn.Conv2d(3, 4, 3)
+    with torch.no_grad():
+        ref.weight.copy_(t(layer.weight))
+        ref.bias.copy_(t(layer.bias))
+    ref = torch.nn.utils.parametrizations.spectral_norm(ref, n_power_iterations=iterations)
+    ours = nn.SpectralNorm(layer, num_power_iterations=iterations, key=jax.random.key(1))
+    # Start from PyTorch's estimates, so that both take the same power-method steps.
+    sn = ref.parametrizations.weight[0]
+    ours = tm.tree_at(
+        lambda m: (m.u.value, m.v.value), ours, (jnp.asarray(sn._u), jnp.asarray(sn._v))
+    )
+    x = rand(12, 2, 3, 6, 5)
+    weights = rand(13, 2, 4, 4, 3)
+
+    def loss(model, x):
+        y, model = tm.stateful(model)(x)
+        return jnp.sum(y * weights), (y, model)
+
+    grads, (y, updated) = jax.grad(loss, has_aux=True)(ours, x)
+    y_ref = ref(t(x))  # training mode: power iterations, then the normalised weight
+    close(y, y_ref)
+    close(updated.u.value, sn._u)
+    close(updated.v.value, sn._v)
+    (y_ref * t(weights)).sum().backward()
+    close(grads.layer.weight, ref.parametrizations.weight.original.grad, atol=1e-4)
+    # Inference (PyTorch's eval mode): the stored estimates, no iteration.
+    ref.eval()
+    close(nn.inference_mode(updated)(x), ref(t(x)))
