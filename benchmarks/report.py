@@ -111,6 +111,13 @@ def _fmt(x: float, unit: str) -> str:
     return f"{x:.{min(digits, 4)}f}"
 
 
+def _failure(error: str) -> str:
+    """A table cell for a process that gave no value: says whether it ran out of time."""
+    if error.startswith("timed out after"):
+        return "timed out (" + error.removeprefix("timed out after ") + ")"
+    return "failed"
+
+
 def _table(data: dict[str, Any], metric: str, unit: str, ranges: bool = True) -> str:
     fws = _frameworks(data)
     head = "| workload | " + " | ".join(LABELS[f] for f in fws) + " |"
@@ -121,7 +128,7 @@ def _table(data: dict[str, Any], metric: str, unit: str, ranges: bool = True) ->
             s = _metric(data, wl, fw, metric)
             errors = data["summary"].get(wl, {}).get(fw, {}).get("errors", [])
             if s is None:
-                cells.append("failed" if errors else "–")
+                cells.append(_failure(errors[0]) if errors else "–")
                 continue
             cell = _fmt(s["median"], unit)
             if ranges and s["n"] > 1:

@@ -219,10 +219,13 @@ def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path)
         _record("jax", "mlp8", 1.0, 0.001),
         _record("treemod", "mlp8", 1.02, 0.00105),
         {"framework": "nnx", "workload": "mlp8", "error": "ImportError: no flax"},
+        {"framework": "equinox", "workload": "mlp8", "error": "timed out after 600 s"},
     ]
-    data = _data({"jax": "ok", "treemod": "ok", "haiku": "skipped", "nnx": "ok"}, records)
+    data = _data(
+        {"jax": "ok", "treemod": "ok", "haiku": "skipped", "nnx": "ok", "equinox": "ok"}, records
+    )
     md = report.markdown(data)
-    assert "| MLP, depth 8 | 1.00 | 1.02 (1.02×) | failed |" in md
+    assert "| MLP, depth 8 | 1.00 | 1.02 (1.02×) | timed out (600 s) | failed |" in md
     assert "**haiku**: skipped: haiku is not installed (`pip install haiku`" in md
     assert "**nnx**: failed: ImportError: no flax" in md
     assert "| mlp8: first call / plain JAX | 1.02× | ≤ 1.05× | yes |" in md
