@@ -345,3 +345,31 @@ def test_spectral_norm_matches_equinox():
     y_ours, ours = tm.stateful(ours)(x)
     np.testing.assert_allclose(y_ours, y_theirs, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.u.value, state.get(theirs.uv_index)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_shared_ties_weights_and_sums_their_gradients():
+    k1, k2 = jax.random.split(jax.random.key(5))
+    embed, head = nn.Embedding(6, 3, key=k1), nn.Linear(3, 6, key=k2)
+    shared = nn.Shared((embed, head), lambda p: p[1].weight, lambda p: p[0].weight)
+    assert shared.pytree[1].weight is None  # one stored copy
+    tokens = jnp.array([0, 4, 4, 2])
+
+    def loss(shared):
+        embed, head = shared()
+        return jnp.sum(jnp.tanh(head(embed(tokens))))
+
+    grads = tm.filter_grad(loss)(shared)
+
+    def plain(w, b):  # the same model written with one matrix
+        return jnp.sum(jnp.tanh(w[tokens] @ w.T + b[None]))
+
+    want = jax.grad(plain)(embed.weight, head.bias)
+    np.testing.assert_allclose(grads.pytree[0].weight, want, rtol=1e-5, atol=1e-6)
+    assert grads.pytree[1].weight is None
+
+
+def test_shared_mismatch_error_shows_both_sides():
+    k1, k2 = jax.random.split(jax.random.key(5))
+    embed, head = nn.Embedding(6, 3, key=k1), nn.Linear(3, 5, key=k2)
+    with pytest.raises(ValueError, match=r"Shared: what `get` returns must match(.|\n)*\[6, 3\]"):
+        nn.Shared((embed, head), lambda p: p[1].weight, lambda p: p[0].weight)

@@ -37,6 +37,7 @@ from ._pool import (
 from ._rnn import GRUCell, LSTMCell
 from ._rotary import RotaryPositionalEmbedding
 from ._sequential import Lambda, Sequential
+from ._shared import Shared
 from ._spectral_norm import SpectralNorm
 from ._stack import Stack
 from ._weight_norm import WeightNorm
@@ -87,6 +88,7 @@ __all__: list[str] = [
     "RMSNorm",
     "RotaryPositionalEmbedding",
     "Sequential",
+    "Shared",
     "SpectralNorm",
     "Stack",
     "WeightNorm",
