@@ -152,10 +152,10 @@ TRANSPOSE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
-def test_conv_transpose2d(case):
-    layer = nn.ConvTranspose2d(4, 6, key=jax.random.key(0), **case)
-    ref = torch.nn.ConvTranspose2d(
+def _check_conv_transpose(nd, case, x):
+    """Our `ConvTransposeNd` against PyTorch's, same weights, on `x`."""
+    layer = getattr(nn, f"ConvTranspose{nd}d")(4, 6, key=jax.random.key(0), **case)
+    ref = getattr(torch.nn, f"ConvTranspose{nd}d")(
         4,
         6,
         case["kernel_size"],
@@ -167,8 +167,12 @@ def test_conv_transpose2d(case):
         dilation=case.get("dilation", 1),
     )
     _copy_transpose(layer, ref, case.get("groups", 1))
-    x = rand(1, 2, 4, 7, 6)
     close(layer(x), ref(t(x)))
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose2d(case):
+    _check_conv_transpose(2, case, rand(1, 2, 4, 7, 6))
 
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES[:4], ids=str)
@@ -479,21 +483,7 @@ def test_adaptive_max_pool_gradient_matches_torch():
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES[:5], ids=str)
 def test_conv_transpose3d(case):
-    layer = nn.ConvTranspose3d(4, 6, key=jax.random.key(0), **case)
-    ref = torch.nn.ConvTranspose3d(
-        4,
-        6,
-        case["kernel_size"],
-        stride=case.get("stride", 1),
-        padding=case.get("padding", 0),
-        output_padding=case.get("output_padding", 0),
-        groups=case.get("groups", 1),
-        bias=case.get("use_bias", True),
-        dilation=case.get("dilation", 1),
-    )
-    _copy_transpose(layer, ref, case.get("groups", 1))
-    x = rand(7, 2, 4, 4, 5, 3)
-    close(layer(x), ref(t(x)))
+    _check_conv_transpose(3, case, rand(7, 2, 4, 4, 5, 3))
 
 
 @pytest.mark.parametrize("channels", [None, 3])
