@@ -1,4 +1,4 @@
-"""The python blocks of docs/concepts/keys.md and scan.md run, in order, in one namespace each."""
+"""The python blocks of docs/concepts/keys.md, scan.md and layouts.md run, in order, in one namespace each."""
 
 import pathlib
 import re
@@ -8,7 +8,7 @@ import pytest
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts"
 
 
-@pytest.mark.parametrize("page", ["keys.md", "scan.md"])
+@pytest.mark.parametrize("page", ["keys.md", "scan.md", "layouts.md"])
 def test_concepts_page_runs(page, capsys):
     text = (DOCS / page).read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

@@ -39,7 +39,7 @@ class BatchNorm(Module):
     with the model, get no gradient, and are left alone by optimisers. Training mode updates
     them, so it runs as `out, model = treemod.stateful(model)(x)`.
 
-    Input layout (channels first), decided by `axis_name`:
+    Input layout, decided by `axis_name` (and `channels_last`):
 
     - `axis_name=None` (PyTorch style): `x` is a batch `(N, C, *spatial)`, as for PyTorch's
       `BatchNorm1d` (`(N, C)` or `(N, C, L)`), `BatchNorm2d` (`(N, C, H, W)`) and
@@ -47,6 +47,8 @@ class BatchNorm(Module):
     - `axis_name` given (Equinox style): `x` is one example `(C, *spatial)`, and the layer runs
       under `jax.vmap`/`filter_vmap` (or `shard_map`) with that axis name. Statistics are over
       the spatial axes and across the named axis (or axes, if a tuple).
+    - `channels_last=True`: the channels are the last axis instead, `(N, *spatial, C)` or
+      `(*spatial, C)`, as for the channels-last `Conv`.
 
     Arguments:
         input_size: the number of channels `C`.
@@ -61,6 +63,8 @@ class BatchNorm(Module):
         inference: start in inference mode (use the running statistics). Switch a whole model
             with `treemod.nn.inference_mode`.
         dtype: the dtype of the parameters and running statistics (default float32).
+        channels_last: the channels are the last axis of `x` rather than the first after the
+            batch.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod as tm
@@ -76,7 +80,8 @@ class BatchNorm(Module):
           eps=1e-05,
           channelwise_affine=True,
           momentum=0.1,
-          inference=False
+          inference=False,
+          channels_last=False
         )
         >>> x = jax.random.normal(jax.random.key(0), (8, 3, 5, 5))   # (N, C, H, W)
         >>> y, bn = tm.stateful(bn)(x)                                 # training mode
@@ -95,6 +100,7 @@ class BatchNorm(Module):
     channelwise_affine: bool = field(static=True)
     momentum: float = field(static=True)
     inference: bool = field(static=True)
+    channels_last: bool = field(static=True)
 
     def __init__(
         self,
@@ -105,6 +111,8 @@ class BatchNorm(Module):
         momentum: float = 0.1,
         inference: bool = False,
         dtype: Any = None,
+        *,
+        channels_last: bool = False,
     ) -> None:
         if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
             raise ValueError(
@@ -140,15 +148,28 @@ class BatchNorm(Module):
         self.channelwise_affine = channelwise_affine
         self.momentum = momentum
         self.inference = inference
+        self.channels_last = channels_last
 
     def _layout_error(self, x: jax.Array) -> ValueError:
         c = self.input_size
+        if self.channels_last:
+            batch = "(N, *spatial, C)" if self.axis_name is None else "one example (*spatial, C)"
+            return ValueError(
+                f"BatchNorm(input_size={c}, axis_name={self.axis_name!r}, channels_last=True) "
+                f"takes {batch} with C={c} on the last axis, but got an input of shape "
+                f"{tuple(x.shape)}."
+            )
         if self.axis_name is None:
             hint = (
                 f"BatchNorm(input_size={c}, axis_name=None) takes a batch (N, C={c}, *spatial), "
                 f"with the channels on axis 1, but got an input of shape {tuple(x.shape)}."
             )
-            if x.ndim >= 1 and x.shape[0] == c:
+            if x.ndim >= 2 and x.shape[-1] == c:
+                hint += (
+                    " The channels look last: build the layer with channels_last=True to "
+                    "normalise channels-last input."
+                )
+            elif x.ndim >= 1 and x.shape[0] == c:
                 hint += (
                     " This looks like one example (C, *spatial): call it on the batch "
                     "directly, or, under jax.vmap/filter_vmap, build the layer with "
@@ -169,7 +190,8 @@ class BatchNorm(Module):
         """Normalise `x`.
 
         Arguments:
-            x: `(N, C, *spatial)` if `axis_name` is `None`, else one example `(C, *spatial)`.
+            x: `(N, C, *spatial)` if `axis_name` is `None`, else one example `(C, *spatial)`;
+                with the channels last instead if `channels_last`.
             key: ignored (accepted so that containers can pass keys to every layer).
             inference: override the layer's `inference` flag for this call.
 
@@ -180,8 +202,9 @@ class BatchNorm(Module):
         if inference is None:
             inference = self.inference
         x = jnp.asarray(x)
-        channel_axis = 1 if self.axis_name is None else 0
-        if x.ndim <= channel_axis or x.shape[channel_axis] != self.input_size:
+        batched = self.axis_name is None
+        channel_axis = x.ndim - 1 if self.channels_last else int(batched)
+        if x.ndim <= int(batched) or x.shape[channel_axis] != self.input_size:
             raise self._layout_error(x)
         state_dtype = self.running_mean.value.dtype
         compute = _compute_dtype(x.dtype, state_dtype)

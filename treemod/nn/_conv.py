@@ -14,6 +14,15 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._module import Module, field
 from . import init as _init
 from ._batching import Core, batch_apply
+from ._layout import (
+    conv_dimension_numbers,
+    image_core,
+    layer_name,
+    per_channel,
+    spatial_pads,
+    spatial_shape,
+    to_kernel_layout,
+)
 from ._utils import as_tuple, default_dtype, require_key
 
 __all__ = [
@@ -63,6 +72,7 @@ def _init_params(
     weight_init: Any,
     bias_init: Any,
     key: Any,
+    channels_last: bool = False,
 ) -> tuple[Array, Array | None]:
     require_key(owner, key)
     dtype = default_dtype(dtype)
@@ -70,7 +80,9 @@ def _init_params(
     if weight_init is None:
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
         weight_init = _init.uniform(-bound, bound)
-    weight = weight_init(wkey, weight_shape, dtype)
+    # Initialisers see PyTorch's layout (their fans assume it), so a channels-last layer holds
+    # the transposed kernel of the channels-first layer built from the same key.
+    weight = to_kernel_layout(weight_init(wkey, weight_shape, dtype), channels_last)
     bias = None
     if use_bias:
         if bias_init is None:
@@ -80,17 +92,18 @@ def _init_params(
     return weight, bias
 
 
-def _dimension_numbers(n: int) -> lax.ConvDimensionNumbers:
-    spec = tuple(range(n + 2))
-    return lax.ConvDimensionNumbers(spec, spec, spec)
-
-
 class Conv(Module):
-    """An N-d convolution over channels-first input `(*batch, in_channels, *spatial)`.
+    """An N-d convolution over `(*batch, in_channels, *spatial)`, or channels-last input.
 
     Matches PyTorch's `nn.ConvNd` (cross-correlation; weight `(out, in/groups, *kernel)`;
     default init U(±1/sqrt(fan_in)) for weight and bias). The key is split once into two
     (weight, bias). All leading batch dimensions go through one batched convolution.
+
+    With `channels_last=True` the input is `(*batch, *spatial, in_channels)`, the output
+    `(*batch, *new_spatial, out_channels)` and the weight `(*kernel, in/groups, out)`, the
+    layout of TensorFlow and Flax. It is the layout XLA convolves in, so a training step skips
+    a transpose of every kernel and of its gradient (see the "Image layouts" page).
+    The same key gives the transposed weight of the channels-first layer.
 
     Arguments:
         num_spatial_dims: number of spatial dimensions.
@@ -108,15 +121,19 @@ class Conv(Module):
         weight_init: weight initialiser (default PyTorch's).
         bias_init: bias initialiser (default PyTorch's).
         key: the PRNG key.
+        channels_last: take and return channels-last arrays, with a channels-last kernel.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod.nn as nn
         >>> conv = nn.Conv(1, 2, 4, kernel_size=3, padding="SAME", key=jax.random.key(0))
         >>> conv(jnp.ones((2, 16))).shape
         (4, 16)
+        >>> conv = nn.Conv(2, 3, 8, 3, padding=1, channels_last=True, key=jax.random.key(0))
+        >>> conv(jnp.ones((16, 28, 28, 3))).shape, conv.weight.shape
+        ((16, 28, 28, 8), (3, 3, 3, 8))
     """
 
-    weight: Float[Array, "out in_per_group *kernel"]
+    weight: Float[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
     bias: Float[Array, " out"] | None
     num_spatial_dims: int = field(static=True)
     in_channels: int = field(static=True)
@@ -128,6 +145,7 @@ class Conv(Module):
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
     padding_mode: str = field(static=True)
+    channels_last: bool = field(static=True)
 
     def __init__(
         self,
@@ -146,6 +164,7 @@ class Conv(Module):
         weight_init: _init.Initializer | None = None,
         bias_init: _init.Initializer | None = None,
         key: PRNGKeyArray,
+        channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
         n = num_spatial_dims
@@ -166,8 +185,18 @@ class Conv(Module):
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         self.weight, self.bias = _init_params(
-            name, shape, fan_in, out_channels, use_bias, dtype, weight_init, bias_init, key
+            name,
+            shape,
+            fan_in,
+            out_channels,
+            use_bias,
+            dtype,
+            weight_init,
+            bias_init,
+            key,
+            channels_last,
         )
+        self.channels_last = channels_last
         self.num_spatial_dims = n
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -175,41 +204,36 @@ class Conv(Module):
         self.use_bias = use_bias
         self.padding_mode = padding_mode.upper()
 
-    def _core(self) -> tuple[tuple[str, int | None], ...]:
-        names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}.get(
-            self.num_spatial_dims, tuple(f"spatial{i}" for i in range(self.num_spatial_dims))
-        )
-        spatial = tuple((name, None) for name in names)
-        return (("in_channels", self.in_channels),) + spatial
-
     def __call__(
         self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "..."]:
         """Convolve `x` of shape `(*batch, in_channels, *spatial)`.
 
         Arguments:
-            x: the input.
+            x: the input (`(*batch, *spatial, in_channels)` if `channels_last`).
             key: ignored.
 
         Returns:
-            `(*batch, out_channels, *new_spatial)`.
+            `(*batch, out_channels, *new_spatial)` (`(*batch, *new_spatial, out_channels)` if
+            `channels_last`).
         """
-        return batch_apply(
-            type(self).__name__, self._flat, [Core("x", x, self._core())], vectorised=True
-        )
+        n, last = self.num_spatial_dims, self.channels_last
+        core = image_core("in_channels", self.in_channels, n, last)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
 
     def _flat(self, x: Array) -> Array:
-        n = self.num_spatial_dims
+        n, last = self.num_spatial_dims, self.channels_last
         padding: Any = self.padding
         if self.padding_mode != "ZEROS":
             if isinstance(padding, str):
                 window = [
                     (k - 1) * d + 1 for k, d in zip(self.kernel_size, self.dilation, strict=True)
                 ]
-                padding = lax.padtype_to_pads(x.shape[2:], window, self.stride, padding)
-            x = jnp.pad(
-                x, [(0, 0), (0, 0), *padding], mode=_PADDING_MODES[self.padding_mode] or "constant"
-            )
+                padding = lax.padtype_to_pads(
+                    spatial_shape(x, n, last), window, self.stride, padding
+                )
+            mode = _PADDING_MODES[self.padding_mode] or "constant"
+            x = jnp.pad(x, spatial_pads(padding, last), mode=mode)
             padding = ((0, 0),) * n
         y = lax.conv_general_dilated(
             x,
@@ -218,10 +242,10 @@ class Conv(Module):
             padding=padding,
             rhs_dilation=self.dilation,
             feature_group_count=self.groups,
-            dimension_numbers=_dimension_numbers(n),
+            dimension_numbers=conv_dimension_numbers(n, last),
         )
         if self.bias is not None:
-            y = y + self.bias.reshape((1, -1) + (1,) * n)
+            y = y + per_channel(self.bias, n, last)
         return y
 
 

@@ -13,7 +13,14 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._module import Module, field
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._conv import _dimension_numbers, _init_params, _padding
+from ._conv import _init_params, _padding
+from ._layout import (
+    conv_dimension_numbers,
+    image_core,
+    kernel_spatial_axes,
+    layer_name,
+    per_channel,
+)
 from ._utils import as_tuple
 
 __all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
@@ -27,6 +34,10 @@ class ConvTranspose(Module):
     `(L - 1) * stride - pad_low - pad_high + dilation * (kernel - 1) + output_padding + 1`.
     Default init matches PyTorch (U(±1/sqrt(fan_in)) with PyTorch's fan_in, `out/groups *
     prod(kernel)`). The key is split once into two (weight, bias).
+
+    With `channels_last=True` the input is `(*batch, *spatial, in_channels)`, the output
+    `(*batch, *new_spatial, out_channels)` and the weight `(*kernel, in/groups, out)`; see
+    `Conv`.
 
     Arguments:
         num_spatial_dims: number of spatial dimensions.
@@ -43,6 +54,7 @@ class ConvTranspose(Module):
         weight_init: weight initialiser.
         bias_init: bias initialiser.
         key: the PRNG key.
+        channels_last: take and return channels-last arrays, with a channels-last kernel.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod.nn as nn
@@ -52,7 +64,7 @@ class ConvTranspose(Module):
         (2, 16)
     """
 
-    weight: Float[Array, "out in_per_group *kernel"]
+    weight: Float[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
     bias: Float[Array, " out"] | None
     num_spatial_dims: int = field(static=True)
     in_channels: int = field(static=True)
@@ -64,6 +76,7 @@ class ConvTranspose(Module):
     dilation: tuple[int, ...] = field(static=True)
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
+    channels_last: bool = field(static=True)
 
     def __init__(
         self,
@@ -82,6 +95,7 @@ class ConvTranspose(Module):
         weight_init: _init.Initializer | None = None,
         bias_init: _init.Initializer | None = None,
         key: PRNGKeyArray,
+        channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
         n = num_spatial_dims
@@ -111,8 +125,18 @@ class ConvTranspose(Module):
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         fan_in = out_channels // groups * math.prod(self.kernel_size)
         self.weight, self.bias = _init_params(
-            name, shape, fan_in, out_channels, use_bias, dtype, weight_init, bias_init, key
+            name,
+            shape,
+            fan_in,
+            out_channels,
+            use_bias,
+            dtype,
+            weight_init,
+            bias_init,
+            key,
+            channels_last,
         )
+        self.channels_last = channels_last
         self.num_spatial_dims = n
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -125,26 +149,27 @@ class ConvTranspose(Module):
         """Apply to `x` of shape `(*batch, in_channels, *spatial)`.
 
         Arguments:
-            x: the input.
+            x: the input (`(*batch, *spatial, in_channels)` if `channels_last`).
             key: ignored.
 
         Returns:
-            `(*batch, out_channels, *new_spatial)`.
+            `(*batch, out_channels, *new_spatial)` (`(*batch, *new_spatial, out_channels)` if
+            `channels_last`).
         """
-        core = (("in_channels", self.in_channels),) + tuple(
-            (f"spatial{i}", None) for i in range(self.num_spatial_dims)
+        core = image_core(
+            "in_channels", self.in_channels, self.num_spatial_dims, self.channels_last
         )
-        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
 
     def _flat(self, x: Array) -> Array:
-        n = self.num_spatial_dims
+        n, last = self.num_spatial_dims, self.channels_last
         padding = tuple(
             (d * (k - 1) - lo, d * (k - 1) - hi + op)
             for k, d, (lo, hi), op in zip(
                 self.kernel_size, self.dilation, self.padding, self.output_padding, strict=True
             )
         )
-        w = jnp.flip(self.weight, axis=tuple(range(2, n + 2)))
+        w = jnp.flip(self.weight, axis=kernel_spatial_axes(n, last))
         y = lax.conv_general_dilated(
             x,
             w,
@@ -153,10 +178,10 @@ class ConvTranspose(Module):
             lhs_dilation=self.stride,
             rhs_dilation=self.dilation,
             feature_group_count=self.groups,
-            dimension_numbers=_dimension_numbers(n),
+            dimension_numbers=conv_dimension_numbers(n, last),
         )
         if self.bias is not None:
-            y = y + self.bias.reshape((1, -1) + (1,) * n)
+            y = y + per_channel(self.bias, n, last)
         return y
 
 

@@ -13,7 +13,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
-from ._utils import as_tuple, lead
+from ._layout import image_core, layer_name, spatial_pads, spatial_shape
+from ._utils import as_tuple
 
 __all__ = [
     "AvgPool",
@@ -44,6 +45,7 @@ class _Pool(Module):
     stride: tuple[int, ...] = field(static=True)
     padding: tuple[tuple[int, int], ...] = field(static=True)
     use_ceil: bool = field(static=True)
+    channels_last: bool = field(static=True)
 
     def __init__(
         self,
@@ -52,10 +54,13 @@ class _Pool(Module):
         stride: int | Sequence[int] = 1,
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
         n = num_spatial_dims
         self.num_spatial_dims = n
+        self.channels_last = channels_last
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
         self.stride = as_tuple(name, "stride", stride, n)
         self.padding = _pool_padding(name, padding, n)
@@ -88,15 +93,20 @@ class _Pool(Module):
             extra.append(max(0, (out - 1) * s + k - total))
         return pads, extra
 
+    def _window(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """Per-axis window sizes (or strides) of a batched input, from the spatial ones."""
+        return (1, *sizes, 1) if self.channels_last else (1, 1, *sizes)
+
     def _reduce(self, x: Array, init: Any, op: Any) -> tuple[Array, list, list]:
-        pads, extra = self._pads(x.shape[2:])
-        full = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)]
+        last = self.channels_last
+        pads, extra = self._pads(spatial_shape(x, self.num_spatial_dims, last))
+        full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
         y = lax.reduce_window(
             x,
             np.asarray(init, dtype=x.dtype),  # concrete, so JAX picks the differentiable monoid
             op,
-            (1, 1, *self.kernel_size),
-            (1, 1, *self.stride),
+            self._window(self.kernel_size),
+            self._window(self.stride),
             full,
         )
         return y, pads, extra
@@ -107,16 +117,14 @@ class _Pool(Module):
         """Pool `x` of shape `(*batch, channels, *spatial)`.
 
         Arguments:
-            x: the input.
+            x: the input (`(*batch, *spatial, channels)` if `channels_last`).
             key: ignored.
 
         Returns:
-            `(*batch, channels, *pooled_spatial)`.
+            `(*batch, channels, *pooled_spatial)` (channels last if `channels_last`).
         """
-        core = (("channels", None),) + tuple(
-            (f"spatial{i}", None) for i in range(self.num_spatial_dims)
-        )
-        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+        core = image_core("channels", None, self.num_spatial_dims, self.channels_last)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
 
     def _flat(self, x: Array) -> Array:
         raise NotImplementedError
@@ -134,11 +142,15 @@ class MaxPool(_Pool):
         stride: window step, an int or one per spatial dimension.
         padding: an int, or one int or `(low, high)` pair per spatial dimension.
         use_ceil: round the output size up instead of down.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
         >>> nn.MaxPool(1, kernel_size=2, stride=2)(jnp.arange(8.0).reshape(1, 8))
         Array([[1., 3., 5., 7.]], dtype=float32)
+        >>> pool = nn.MaxPool(2, kernel_size=2, stride=2, channels_last=True)
+        >>> pool(jnp.ones((16, 28, 28, 3))).shape
+        (16, 14, 14, 3)
     """
 
     def _flat(self, x: Array) -> Array:
@@ -158,6 +170,7 @@ class AvgPool(_Pool):
         stride: window step, an int or one per spatial dimension.
         padding: an int, or one int or `(low, high)` pair per spatial dimension.
         use_ceil: round the output size up instead of down.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -169,17 +182,20 @@ class AvgPool(_Pool):
         y, pads, extra = self._reduce(x, 0, lax.add)
         if not any(extra):
             return y / math.prod(self.kernel_size)
-        ones = np.ones(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)))
-        ones = np.pad(ones, [(0, e) for e in extra])
+        spatial = spatial_shape(x, self.num_spatial_dims, self.channels_last)
+        ones = np.ones(tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads, strict=True)))
+        ones = np.pad(ones, [(0, e) for e in extra])[None, ..., None]
         count = lax.reduce_window(
             jnp.asarray(ones, x.dtype),
             jnp.array(0, x.dtype),
             lax.add,
-            self.kernel_size,
-            self.stride,
+            (1, *self.kernel_size, 1),
+            (1, *self.stride, 1),
             "VALID",
         )
-        return y / lead(count, y.ndim)
+        if not self.channels_last:
+            count = jnp.moveaxis(count, -1, 1)
+        return y / count
 
 
 class MaxPool1d(MaxPool):
@@ -198,7 +214,7 @@ class MaxPool1d(MaxPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(1, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -223,7 +239,7 @@ class MaxPool2d(MaxPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(2, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self,
@@ -251,7 +267,7 @@ class MaxPool3d(MaxPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(3, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self,
@@ -279,7 +295,7 @@ class AvgPool1d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(1, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -304,7 +320,7 @@ class AvgPool2d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(2, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self,
@@ -332,7 +348,7 @@ class AvgPool3d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil)  # type: ignore[arg-type]
+        super().__init__(3, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
 
     def __call__(
         self,
