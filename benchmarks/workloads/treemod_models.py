@@ -1,7 +1,8 @@
 """treemod: modules from `treemod.nn`, a `treemod.filter_jit` step, BatchNorm via `stateful`.
 
 Written as treemod's docs and examples recommend: models are `tm.Module`s built from a key,
-layers take batched input directly (channels first), the training step is `filter_jit` of
+layers take batched input directly, the CNN is channels-last (as the "Image layouts" page
+recommends for new convolutional networks), the training step is `filter_jit` of
 `filter_value_and_grad`, the optimiser sees `tm.filter(model, tm.is_param)`, BatchNorm's running
 statistics come back from `tm.stateful(model)(x)`, and the deep stack is `nn.Stack`.
 """
@@ -22,22 +23,26 @@ from .spec import BN_EPS, BN_MOMENTUM, LN_EPS, Workload, block_strides
 
 
 class BasicBlock(tm.Module):
-    conv1: nn.Conv2d
+    conv1: nn.Conv
     bn1: nn.BatchNorm
-    conv2: nn.Conv2d
+    conv2: nn.Conv
     bn2: nn.BatchNorm
-    proj: nn.Conv2d | None
+    proj: nn.Conv | None
     proj_bn: nn.BatchNorm | None
 
     def __init__(self, cin: int, cout: int, stride: int, *, key: jax.Array) -> None:
         k1, k2, k3 = jax.random.split(key, 3)
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, padding=1, use_bias=False, key=k1)
-        self.bn1 = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, padding=1, use_bias=False, key=k2)
-        self.bn2 = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.conv1 = nn.Conv(
+            2, cin, cout, 3, stride, padding=1, use_bias=False, channels_last=True, key=k1
+        )
+        self.bn1 = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM, channels_last=True)
+        self.conv2 = nn.Conv(
+            2, cout, cout, 3, 1, padding=1, use_bias=False, channels_last=True, key=k2
+        )
+        self.bn2 = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM, channels_last=True)
         if stride != 1 or cin != cout:
-            self.proj = nn.Conv2d(cin, cout, 1, stride, use_bias=False, key=k3)
-            self.proj_bn = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM)
+            self.proj = nn.Conv(2, cin, cout, 1, stride, use_bias=False, channels_last=True, key=k3)
+            self.proj_bn = nn.BatchNorm(cout, eps=BN_EPS, momentum=BN_MOMENTUM, channels_last=True)
         else:
             self.proj = self.proj_bn = None
 
@@ -50,7 +55,7 @@ class BasicBlock(tm.Module):
 
 
 class ResNet(tm.Module):
-    stem: nn.Conv2d
+    stem: nn.Conv
     stem_bn: nn.BatchNorm
     blocks: list[BasicBlock]
     head: nn.Linear
@@ -58,8 +63,12 @@ class ResNet(tm.Module):
     def __init__(self, w: Workload, *, key: jax.Array) -> None:
         specs = block_strides(w)
         keys = jax.random.split(key, len(specs) + 2)
-        self.stem = nn.Conv2d(3, w.widths[0], 3, padding=1, use_bias=False, key=keys[0])
-        self.stem_bn = nn.BatchNorm(w.widths[0], eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.stem = nn.Conv(
+            2, 3, w.widths[0], 3, padding=1, use_bias=False, channels_last=True, key=keys[0]
+        )
+        self.stem_bn = nn.BatchNorm(
+            w.widths[0], eps=BN_EPS, momentum=BN_MOMENTUM, channels_last=True
+        )
         self.blocks = [BasicBlock(*s, key=k) for s, k in zip(specs, keys[1:-1], strict=True)]
         self.head = nn.Linear(w.widths[-1], w.classes, key=keys[-1])
 
@@ -67,7 +76,7 @@ class ResNet(tm.Module):
         x = jax.nn.relu(self.stem_bn(self.stem(x)))
         for block in self.blocks:
             x = block(x)
-        return self.head(x.mean(axis=(-2, -1)))
+        return self.head(x.mean(axis=(-3, -2)))
 
 
 class Block(tm.Module):
@@ -184,5 +193,5 @@ def build(w: Workload) -> Case:
         step=step,
         count_params=lambda model: count_params(tm.filter(model, tm.is_param)),
         wait=wait,
-        channels_last=False,
+        channels_last=w.kind == "resnet",
     )
