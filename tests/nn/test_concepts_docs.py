@@ -1,4 +1,5 @@
-"""The python blocks of docs/concepts/keys.md, scan.md and layouts.md run, in order, in one namespace each."""
+"""The python blocks of docs/concepts/keys.md, scan.md and layouts.md run, in order, each page
+in one namespace."""
 
 import pathlib
 import re
