@@ -180,6 +180,10 @@ def _imports(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
 def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
     """The report: machine, skipped frameworks, tables, targets, charts."""
     meta, mach = data["meta"], data["meta"]["machine"]
@@ -193,15 +197,17 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
             " Merged from runs: "
             + "; ".join(
                 f"{', '.join(r['workloads'])} ({r['started']}, {r.get('jobs') or 1} at once"
+                + (f", {_processes(r['processes'])}" if r.get("processes") is not None else "")
                 + (f", stopped: {r['stopped']}" if r.get("stopped") else "")
                 + ")"
                 for r in meta["runs"]
             )
             + "."
         )
+    at_once = "" if runs else f", {meta.get('jobs') or 1} process(es) at once"
     lines = [
         f"Mode **{meta['mode']}**, up to {meta['repeats']} repeat(s), {meta['processes']}"
-        f"{progress}, {meta.get('jobs') or 1} process(es) at once.{stopped}{runs}",
+        f"{progress}{at_once}.{stopped}{runs}",
         "",
         f"Run "
         f"{meta['started']} – {meta.get('finished', '?')} "
@@ -372,18 +378,26 @@ def update_docs(data: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Combine several runs' results (e.g. workloads measured in separate runs) into one."""
+    """Combine several runs' results (e.g. workloads measured in separate runs) into one.
+
+    A workload measured by more than one run is taken whole from the run that started last,
+    so a re-measured workload replaces the older figures instead of mixing with them (ratios
+    stay within one run).
+    """
     from .run import summarise
     from .workloads.spec import workloads as all_workloads
 
     order = list(all_workloads())
+    latest = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
+    owner = {w: n for n in latest for w in docs[n]["workloads"]}
+    used = [n for n in latest if n in owner.values()]
     records: list[dict[str, Any]] = []
     wls: dict[str, Any] = {}
     status: dict[str, dict[str, Any]] = {}
-    for n, doc in enumerate(docs):
-        for rec in doc["records"]:
-            records.append({**rec, "run": n})
-        wls.update(doc["workloads"])
+    for n in used:
+        doc = docs[n]
+        records += [{**r, "run": n} for r in doc["records"] if owner[r["workload"]] == n]
+        wls.update({w: spec for w, spec in doc["workloads"].items() if owner[w] == n})
         for fw, st in doc["frameworks"].items():
             if fw not in status or st["status"] == "ok":
                 status[fw] = dict(st)
@@ -398,17 +412,24 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 st["reason"] = errs[0]
             else:
                 st.pop("reason", None)
-    meta = dict(docs[0]["meta"])
+    meta = dict(docs[used[-1]]["meta"])
     meta["runs"] = [
-        {k: d["meta"].get(k) for k in ("started", "finished", "jobs", "config", "stopped")}
-        | {"workloads": list(d["workloads"])}
-        for d in docs
+        {k: docs[n]["meta"].get(k) for k in ("started", "finished", "jobs", "config", "stopped")}
+        | {
+            "workloads": [w for w in docs[n]["workloads"] if owner[w] == n],
+            "processes": sum(r["run"] == n for r in records),
+        }
+        for n in used
     ]
-    meta["started"] = min(d["meta"]["started"] for d in docs)
-    meta["finished"] = max(d["meta"].get("finished") or d["meta"]["started"] for d in docs)
-    meta["duration_s"] = max(d["meta"].get("duration_s", 0.0) for d in docs)
-    meta["completed_processes"] = sum(d["meta"].get("completed_processes", 0) for d in docs)
-    meta["planned_processes"] = sum(d["meta"].get("planned_processes", 0) for d in docs)
+    meta["repeats"] = max(docs[n]["meta"]["repeats"] for n in used)
+    meta["started"] = min(docs[n]["meta"]["started"] for n in used)
+    meta["finished"] = max(
+        docs[n]["meta"].get("finished") or docs[n]["meta"]["started"] for n in used
+    )
+    meta["duration_s"] = sum(docs[n]["meta"].get("duration_s", 0.0) for n in used)
+    meta["completed_processes"] = len(records)
+    meta["planned_processes"] = None
+    meta.pop("stopped", None)
     data = {
         "meta": meta,
         "frameworks": status,

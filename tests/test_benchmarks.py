@@ -246,6 +246,36 @@ def test_merge_combines_runs_of_different_workloads() -> None:
     assert "Merged from runs: stack4_scan" in report.markdown(merged)
 
 
+def test_merge_takes_a_remeasured_workload_from_the_latest_run_only() -> None:
+    old = _data(
+        {"jax": "ok", "treemod": "ok"},
+        [
+            _record("jax", "mlp8", 1.0, 0.1),
+            _record("treemod", "mlp8", 1.5, 0.1),
+            _record("jax", "stack4_scan", 1.0, 0.1),
+        ],
+    )
+    new = _data(
+        {"jax": "ok", "treemod": "ok"},
+        [_record("jax", "mlp8", 2.0, 0.1), _record("treemod", "mlp8", 2.2, 0.1)],
+    )
+    old["meta"]["started"], new["meta"]["started"] = "2026-11-22T10:00", "2026-11-22T13:00"
+    merged = report.merge([new, old])  # the order of the files does not matter
+    assert merged["summary"]["mlp8"]["treemod"]["ratio"]["first_call_s"] == pytest.approx(1.1)
+    assert sorted((r["workload"], r["run"]) for r in merged["records"]) == [
+        ("mlp8", 0),
+        ("mlp8", 0),
+        ("stack4_scan", 1),
+    ]
+    assert [(r["workloads"], r["processes"]) for r in merged["meta"]["runs"]] == [
+        (["stack4_scan"], 1),
+        (["mlp8"], 2),
+    ]
+    text = report.markdown(merged)
+    assert "Merged from runs: stack4_scan (2026-11-22T10:00, 1 at once, 1 process)" in text
+    assert "planned processes" not in text
+
+
 def test_update_docs_replaces_only_the_generated_part(tmp_path: Path, monkeypatch) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\noutro\n")
