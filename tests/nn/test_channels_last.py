@@ -1,5 +1,5 @@
-"""Channels-last convolutions, pools and BatchNorm: PyTorch values and gradients, and the law
-that a channels-last layer built from the same key computes the transposed result."""
+"""Channels-last convolutions, pools, BatchNorm and GroupNorm: PyTorch values and gradients,
+and the law that a channels-last layer built from the same key computes the transposed result."""
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,28 @@ def test_batch_norm_channels_last_matches_channels_first(spatial, seed):
     close(nn.inference_mode(last)(to_last(x)), to_last(nn.inference_mode(first)(x)))
 
 
+@SETTINGS
+@given(
+    groups=st.sampled_from([1, 2, 3, 6]),
+    spatial=st.integers(0, 3),
+    batched=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_group_norm_channels_last_matches_channels_first(groups, spatial, batched, seed):
+    x = rand(seed, 2, 6, *(4, 3, 2)[:spatial]) * 2 + 1
+    shift = jnp.arange(6.0)
+
+    def build(last):
+        ndim = spatial if batched else None
+        layer = nn.GroupNorm(groups, 6, spatial_ndim=ndim, channels_last=last)
+        return jax.tree.map(lambda v: v + shift, layer)  # weight and bias that differ per channel
+
+    if batched:
+        close(build(True)(to_last(x)), to_last(build(False)(x)), atol=1e-5)
+    else:
+        close(build(True)(to_last(x)[0]), to_last(build(False)(x[0])[None])[0], atol=1e-5)
+
+
 def test_batch_norm_channels_last_under_vmap_with_an_axis_name():
     x = rand(0, 6, 5, 4, 3)  # (N, H, W, C)
     mapped = nn.BatchNorm(3, axis_name="batch", channels_last=True)
@@ -193,5 +215,11 @@ def test_channels_last_errors_name_the_layer_and_the_layout():
         r"\(N, \*spatial, C\) with C=3 on the last axis, but got an input of shape \(2, 3, 5\)",
     ):
         tm.stateful(nn.BatchNorm(3, channels_last=True))(jnp.ones((2, 3, 5)))
+    with pytest.raises(
+        ValueError,
+        match=r"GroupNorm\(channels_last=True\): `x` must have shape \(\*batch, height, width, "
+        r"channels=6\)",
+    ):
+        nn.GroupNorm(3, 6, spatial_ndim=2, channels_last=True)(jnp.ones((2, 6, 5, 4)))
     with pytest.raises(ValueError, match="The channels look last: build the layer with"):
         tm.stateful(nn.BatchNorm(3))(jnp.ones((2, 5, 5, 3)))

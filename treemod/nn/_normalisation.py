@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
+from ._layout import image_core, layer_name, per_channel
 from ._utils import compute_dtype, default_dtype, lead
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
@@ -168,7 +169,7 @@ class RMSNorm(Module):
 
 
 class GroupNorm(Module):
-    """Group normalisation over channels-first input (PyTorch's `nn.GroupNorm`).
+    """Group normalisation over channels-first input (PyTorch's `nn.GroupNorm`), or channels-last.
 
     Channels are split into `groups`; each group of each example is normalised with its own
     mean and biased variance, then a per-channel weight (init 1) and bias (init 0) apply.
@@ -176,7 +177,8 @@ class GroupNorm(Module):
     As in Equinox, by default the input is one example `(channels, *spatial)`. To accept
     leading batch dimensions `(*batch, channels, *spatial)` (PyTorch's layout, or more), give
     `spatial_ndim`, the number of spatial dimensions: without it the layer cannot tell batch
-    dimensions from spatial ones.
+    dimensions from spatial ones. With `channels_last=True` the channels are the last axis,
+    `(*spatial, channels)` or `(*batch, *spatial, channels)`.
 
     Arguments:
         groups: number of groups (divides `channels`).
@@ -184,14 +186,18 @@ class GroupNorm(Module):
         eps: added to the variance.
         channelwise_affine: learn a per-channel weight and bias.
         dtype: parameter dtype.
-        spatial_ndim: number of spatial dimensions after the channel axis; `None` means the
-            input is a single unbatched example.
+        spatial_ndim: number of spatial dimensions; `None` means the input is a single
+            unbatched example.
+        channels_last: the channels are the last axis of `x` rather than the first after the
+            batch.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
         >>> gn = nn.GroupNorm(2, 4, spatial_ndim=2)
         >>> gn(jnp.ones((8, 4, 5, 5))).shape
         (8, 4, 5, 5)
+        >>> nn.GroupNorm(2, 4, spatial_ndim=2, channels_last=True)(jnp.ones((8, 5, 5, 4))).shape
+        (8, 5, 5, 4)
     """
 
     weight: Float[Array, " channels"] | None
@@ -201,6 +207,7 @@ class GroupNorm(Module):
     eps: float = field(static=True)
     channelwise_affine: bool = field(static=True)
     spatial_ndim: int | None = field(static=True)
+    channels_last: bool = field(static=True)
 
     def __init__(
         self,
@@ -211,6 +218,7 @@ class GroupNorm(Module):
         dtype: Any = None,
         *,
         spatial_ndim: int | None = None,
+        channels_last: bool = False,
     ) -> None:
         if channels is not None and channels % groups:
             raise ValueError(f"GroupNorm: groups={groups} must divide channels={channels}.")
@@ -224,6 +232,7 @@ class GroupNorm(Module):
         self.eps = eps
         self.channelwise_affine = channelwise_affine
         self.spatial_ndim = spatial_ndim
+        self.channels_last = channels_last
         self.weight = jnp.ones((channels,), dtype) if channelwise_affine else None
         self.bias = jnp.zeros((channels,), dtype) if channelwise_affine else None
 
@@ -233,29 +242,32 @@ class GroupNorm(Module):
         """Normalise `x` of shape `(channels, *spatial)`, or `(*batch, channels, *spatial)`.
 
         Arguments:
-            x: the input (leading batch dimensions need `spatial_ndim`).
+            x: the input (leading batch dimensions need `spatial_ndim`); channels last if
+                `channels_last`.
             key: ignored.
 
         Returns:
             An array of the shape and dtype of `x`.
         """
         spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
-        core = (("channels", self.channels),) + tuple(
-            (f"spatial{i}", None) for i in range(max(spatial, 0))
-        )
-        return batch_apply("GroupNorm", self._flat, [Core("x", x, core)], vectorised=True)
+        core = image_core("channels", self.channels, max(spatial, 0), self.channels_last)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
 
     def _flat(self, x: Array) -> Array:
-        n, c = x.shape[:2]
+        n, c = x.shape[0], x.shape[-1 if self.channels_last else 1]
         if c % self.groups:
             raise ValueError(f"GroupNorm: groups={self.groups} must divide the {c} channels.")
         xf = x.astype(compute_dtype(x.dtype))
-        g = xf.reshape((n, self.groups, -1))
-        mean = g.mean(-1, keepdims=True)
-        var = jnp.square(g - mean).mean(-1, keepdims=True)
+        axes: tuple[int, ...]
+        if self.channels_last:  # (N, *spatial, C) -> (N, positions, groups, C / groups)
+            g, axes = xf.reshape((n, -1, self.groups, c // self.groups)), (1, 3)
+        else:  # (N, C, *spatial) -> (N, groups, values)
+            g, axes = xf.reshape((n, self.groups, -1)), (2,)
+        mean = g.mean(axes, keepdims=True)
+        var = jnp.square(g - mean).mean(axes, keepdims=True)
         y = ((g - mean) * lax.rsqrt(var + self.eps)).reshape(xf.shape)
         if self.weight is not None and self.bias is not None:
-            shape = (1, c) + (1,) * (x.ndim - 2)
-            y = y * self.weight.astype(y.dtype).reshape(shape)
-            y = y + self.bias.astype(y.dtype).reshape(shape)
+            spatial = x.ndim - 2
+            y = y * per_channel(self.weight.astype(y.dtype), spatial, self.channels_last)
+            y = y + per_channel(self.bias.astype(y.dtype), spatial, self.channels_last)
         return y.astype(x.dtype)
