@@ -134,9 +134,14 @@ ERRORS = [
         "ConvTranspose2d: `output_padding`",
     ),
     (
-        lambda: nn.ConvTranspose1d(2, 2, 3, padding="SAME", key=K),
+        lambda: nn.ConvTranspose1d(2, 2, 3, stride=2, padding="SAME", output_padding=1, key=K),
         ValueError,
-        "ConvTranspose1d: `padding` must be ints",
+        r"ConvTranspose1d: `output_padding` \(1,\) applies to explicit padding only",
+    ),
+    (
+        lambda: nn.ConvTranspose1d(2, 2, 3, padding="FULL", key=K),
+        ValueError,
+        "ConvTranspose1d: string `padding` must be 'SAME', 'SAME_LOWER' or 'VALID'",
     ),
     (
         lambda: nn.MaxPool2d(2, padding=2),
@@ -281,6 +286,20 @@ def test_rotary_embedding_matches_equinox():
     ours = nn.RotaryPositionalEmbedding(8, theta=500.0)
     theirs = eqx.nn.RotaryPositionalEmbedding(8, theta=500.0)
     np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "SAME_LOWER", "VALID", 1])
+@pytest.mark.parametrize("kernel_size,stride", [(3, 2), (4, 2), (1, 3), (4, 1)])
+def test_conv_transpose_padding_matches_equinox(padding, kernel_size, stride):
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    key = jax.random.key(3)
+    theirs = eqx.nn.ConvTranspose(2, 3, 4, kernel_size, stride, padding, key=key)
+    ours = nn.ConvTranspose(2, 3, 4, kernel_size, stride, padding, key=key)
+    # Equinox convolves with its kernel as stored; treemod flips it, as PyTorch does.
+    ours = tm.tree_at(lambda m: m.weight, ours, theirs.weight[:, :, ::-1, ::-1])
+    ours = tm.tree_at(lambda m: m.bias, ours, theirs.bias.reshape(-1))
+    x = jax.random.normal(key, (3, 5, 6))
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
 
 
 def test_rotary_embedding_errors_name_the_class():

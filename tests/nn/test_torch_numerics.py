@@ -192,6 +192,46 @@ def test_conv_transpose1d(case):
     close(layer(x), ref(t(x)))
 
 
+@pytest.mark.parametrize(
+    "kernel_size,stride,dilation",
+    [(3, 1, 1), (4, 2, 1), (3, 2, 1), (3, 2, 2), (1, 2, 1), (2, 3, 1), (5, 3, 1)],
+)
+@pytest.mark.parametrize("padding", ["SAME", "SAME_LOWER"])
+def test_conv_transpose_same_padding_crops_torch_full_output(
+    kernel_size, stride, dilation, padding
+):
+    """`SAME` gives `stride * L` outputs: PyTorch's unpadded output cropped (or extended with
+    `output_padding`), with the odd element cropped from the high end (low for SAME_LOWER)."""
+    layer = nn.ConvTranspose1d(
+        4, 6, kernel_size, stride, padding, dilation=dilation, key=jax.random.key(0)
+    )
+    x = rand(1, 2, 4, 7)
+    full_length = (7 - 1) * stride + dilation * (kernel_size - 1) + 1
+    excess = full_length - 7 * stride
+    ref = torch.nn.ConvTranspose1d(
+        4,
+        6,
+        kernel_size,
+        stride,
+        output_padding=max(-excess, 0),
+        dilation=dilation,
+    )
+    _copy_transpose(layer, ref, 1)
+    full = ref(t(x))
+    low = (max(excess, 0) + (padding == "SAME_LOWER")) // 2
+    close(layer(x), full[..., low : low + 7 * stride])
+
+
+def test_conv_transpose_positional_arguments_follow_torch():
+    """`(in, out, kernel, stride, padding, output_padding)`, PyTorch's (and Equinox's) order."""
+    layer = nn.ConvTranspose2d(4, 6, 3, 2, 1, 1, key=jax.random.key(0))
+    ref = torch.nn.ConvTranspose2d(4, 6, 3, 2, 1, 1)
+    _copy_transpose(layer, ref, 1)
+    x = rand(1, 2, 4, 5, 6)
+    assert layer(x).shape == (2, 6, 10, 12)
+    close(layer(x), ref(t(x)))
+
+
 POOL_CASES = [
     dict(kernel_size=2, stride=2),
     dict(kernel_size=3, stride=2, padding=1),

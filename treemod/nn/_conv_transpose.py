@@ -45,8 +45,11 @@ class ConvTranspose(Module):
         out_channels: output channels.
         kernel_size: an int or one per spatial dimension.
         stride: an int or one per spatial dimension.
-        output_padding: extra size added on the high side of each output dim (< stride).
-        padding: an int, one int or `(low, high)` pair per spatial dim, or `"VALID"` (= 0).
+        padding: an int, one int or `(low, high)` pair per spatial dim (cropped from the full
+            output), `"VALID"` (= 0), or `"SAME"`/`"SAME_LOWER"`: an output `stride` times
+            the input size, as in Equinox.
+        output_padding: extra size added on the high side of each output dim (< stride);
+            explicit padding only.
         dilation: an int or one per spatial dimension.
         groups: number of channel groups.
         use_bias: whether to add a bias.
@@ -71,8 +74,8 @@ class ConvTranspose(Module):
     out_channels: int = field(static=True)
     kernel_size: tuple[int, ...] = field(static=True)
     stride: tuple[int, ...] = field(static=True)
+    padding: str | tuple[tuple[int, int], ...] = field(static=True)
     output_padding: tuple[int, ...] = field(static=True)
-    padding: tuple[tuple[int, int], ...] = field(static=True)
     dilation: tuple[int, ...] = field(static=True)
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
@@ -85,8 +88,8 @@ class ConvTranspose(Module):
         out_channels: int,
         kernel_size: int | Sequence[int],
         stride: int | Sequence[int] = 1,
-        output_padding: int | Sequence[int] = 0,
         padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        output_padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
@@ -105,13 +108,7 @@ class ConvTranspose(Module):
                 f"out_channels={out_channels}."
             )
         pad = _padding(name, padding, n)
-        if pad == "VALID":
-            pad = ((0, 0),) * n
-        if isinstance(pad, str):
-            raise ValueError(
-                f"{name}: `padding` must be ints, (low, high) pairs or 'VALID'; got {padding!r}."
-            )
-        self.padding = pad
+        self.padding = ((0, 0),) * n if pad == "VALID" else pad
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
         self.stride = as_tuple(name, "stride", stride, n)
         self.dilation = as_tuple(name, "dilation", dilation, n)
@@ -122,6 +119,12 @@ class ConvTranspose(Module):
                     f"{name}: `output_padding` {self.output_padding} must be smaller than the "
                     f"stride {self.stride} or the dilation {self.dilation}."
                 )
+        if isinstance(self.padding, str) and any(self.output_padding):
+            raise ValueError(
+                f"{name}: `output_padding` {self.output_padding} applies to explicit padding "
+                f"only; padding={self.padding!r} already makes the output `stride` times the "
+                "input size. Give explicit (low, high) padding instead."
+            )
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         fan_in = out_channels // groups * math.prod(self.kernel_size)
         self.weight, self.bias = _init_params(
@@ -161,14 +164,31 @@ class ConvTranspose(Module):
         )
         return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
 
+    def _conv_padding(self) -> tuple[tuple[int, int], ...]:
+        """The padding of the dilated input that the transposed convolution runs as.
+
+        Explicit `(low, high)` padding crops the full output (no padding) by `low` and `high`,
+        and `output_padding` adds to its high end. `"SAME"` crops the full output to `stride`
+        times the input size (half of the excess from each end, the odd one from the high end;
+        from the low end for `"SAME_LOWER"`), or pads its high end when it is shorter.
+        """
+        pads = []
+        sizes = zip(self.kernel_size, self.stride, self.dilation, strict=True)
+        for i, (k, s, d) in enumerate(sizes):
+            span = d * (k - 1)
+            if isinstance(self.padding, str):  # the full output is (L - 1) * s + span + 1
+                excess = span + 1 - s
+                crop = max(excess, 0)
+                lo = (crop + (self.padding == "SAME_LOWER")) // 2
+                hi, extra = crop - lo, max(-excess, 0)
+            else:
+                (lo, hi), extra = self.padding[i], self.output_padding[i]
+            pads.append((span - lo, span - hi + extra))
+        return tuple(pads)
+
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last
-        padding = tuple(
-            (d * (k - 1) - lo, d * (k - 1) - hi + op)
-            for k, d, (lo, hi), op in zip(
-                self.kernel_size, self.dilation, self.padding, self.output_padding, strict=True
-            )
-        )
+        padding = self._conv_padding()
         w = jnp.flip(self.weight, axis=kernel_spatial_axes(n, last))
         y = lax.conv_general_dilated(
             x,
@@ -201,8 +221,8 @@ class ConvTranspose1d(ConvTranspose):
         out_channels: int,
         kernel_size: int | Sequence[int],
         stride: int | Sequence[int] = 1,
-        output_padding: int | Sequence[int] = 0,
         padding: Any = 0,
+        output_padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
@@ -218,8 +238,8 @@ class ConvTranspose1d(ConvTranspose):
             out_channels,
             kernel_size,
             stride,
-            output_padding,
             padding,
+            output_padding,
             dilation,
             groups,
             use_bias,
@@ -254,8 +274,8 @@ class ConvTranspose2d(ConvTranspose):
         out_channels: int,
         kernel_size: int | Sequence[int],
         stride: int | Sequence[int] = 1,
-        output_padding: int | Sequence[int] = 0,
         padding: Any = 0,
+        output_padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
@@ -271,8 +291,8 @@ class ConvTranspose2d(ConvTranspose):
             out_channels,
             kernel_size,
             stride,
-            output_padding,
             padding,
+            output_padding,
             dilation,
             groups,
             use_bias,
@@ -310,8 +330,8 @@ class ConvTranspose3d(ConvTranspose):
         out_channels: int,
         kernel_size: int | Sequence[int],
         stride: int | Sequence[int] = 1,
-        output_padding: int | Sequence[int] = 0,
         padding: Any = 0,
+        output_padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
@@ -327,8 +347,8 @@ class ConvTranspose3d(ConvTranspose):
             out_channels,
             kernel_size,
             stride,
-            output_padding,
             padding,
+            output_padding,
             dilation,
             groups,
             use_bias,
