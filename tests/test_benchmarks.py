@@ -276,6 +276,21 @@ def test_merge_takes_a_remeasured_workload_from_the_latest_run_only() -> None:
     assert "planned processes" not in text
 
 
+def test_stack_target_is_computed_within_one_run_only() -> None:
+    deep = [_record(fw, "stack48_scan", 3.0, 0.1) for fw in ("jax", "treemod")]
+    shallow = [_record(fw, "stack4_scan", 1.0, 0.1) for fw in ("jax", "treemod")]
+    one_run = _data({"jax": "ok", "treemod": "ok"}, deep + shallow)
+    assert any(t["name"].startswith("Stack:") for t in one_run["targets"])
+    merged = report.merge(
+        [
+            _data({"jax": "ok", "treemod": "ok"}, deep),
+            _data({"jax": "ok", "treemod": "ok"}, shallow),
+        ]
+    )
+    assert not any(t["name"].startswith("Stack:") for t in merged["targets"])
+    assert "The Stack target (48 blocks against 4) is not computed" in report.markdown(merged)
+
+
 def test_update_docs_replaces_only_the_generated_part(tmp_path: Path, monkeypatch) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\noutro\n")
