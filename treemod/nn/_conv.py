@@ -66,14 +66,14 @@ def _init_params(
     owner: str,
     weight_shape: tuple[int, ...],
     fan_in: int,
-    out_channels: int,
     use_bias: bool,
     dtype: Any,
     weight_init: Any,
     bias_init: Any,
     key: Any,
-    channels_last: bool = False,
+    channels_last: bool,
 ) -> tuple[Array, Array | None]:
+    """A kernel of `weight_shape` `(out, in/groups, *kernel)` in the layer's layout, and a bias."""
     require_key(owner, key)
     dtype = default_dtype(dtype)
     wkey, bkey = jax.random.split(key, 2)
@@ -88,7 +88,7 @@ def _init_params(
         if bias_init is None:
             bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
             bias_init = _init.uniform(-bound, bound)
-        bias = bias_init(bkey, (out_channels,), dtype)
+        bias = bias_init(bkey, weight_shape[:1], dtype)
     return weight, bias
 
 
@@ -185,16 +185,7 @@ class Conv(Module):
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         self.weight, self.bias = _init_params(
-            name,
-            shape,
-            fan_in,
-            out_channels,
-            use_bias,
-            dtype,
-            weight_init,
-            bias_init,
-            key,
-            channels_last,
+            name, shape, fan_in, use_bias, dtype, weight_init, bias_init, key, channels_last
         )
         self.channels_last = channels_last
         self.num_spatial_dims = n

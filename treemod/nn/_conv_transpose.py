@@ -128,16 +128,7 @@ class ConvTranspose(Module):
         shape = (out_channels, in_channels // groups, *self.kernel_size)
         fan_in = out_channels // groups * math.prod(self.kernel_size)
         self.weight, self.bias = _init_params(
-            name,
-            shape,
-            fan_in,
-            out_channels,
-            use_bias,
-            dtype,
-            weight_init,
-            bias_init,
-            key,
-            channels_last,
+            name, shape, fan_in, use_bias, dtype, weight_init, bias_init, key, channels_last
         )
         self.channels_last = channels_last
         self.num_spatial_dims = n
