@@ -184,17 +184,15 @@ class AvgPool(_Pool):
             return y / math.prod(self.kernel_size)
         spatial = spatial_shape(x, self.num_spatial_dims, self.channels_last)
         ones = np.ones(tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads, strict=True)))
-        ones = np.pad(ones, [(0, e) for e in extra])[None, ..., None]
+        ones = np.pad(ones, [(0, e) for e in extra])
         count = lax.reduce_window(
-            jnp.asarray(ones, x.dtype),
+            jnp.asarray(ones.reshape(self._window(ones.shape)), x.dtype),
             jnp.array(0, x.dtype),
             lax.add,
-            (1, *self.kernel_size, 1),
-            (1, *self.stride, 1),
+            self._window(self.kernel_size),
+            self._window(self.stride),
             "VALID",
         )
-        if not self.channels_last:
-            count = jnp.moveaxis(count, -1, 1)
         return y / count
 
 
