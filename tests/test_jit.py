@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -198,6 +200,50 @@ def test_lower_and_compile() -> None:
     assert tag == "t"
     with pytest.raises(TypeError, match="lowered for arguments with a different"):
         compiled(model, x, "other")
+
+
+@pytest.mark.parametrize("donate", ["none", "all-except-first"])
+def test_wrappers_are_freed_without_the_garbage_collector(donate: str) -> None:
+    """No reference cycle: a dropped wrapper frees its compiled versions at once.
+
+    A cycle would hold every executable until Python's next full collection, which then runs
+    (and frees them) in the middle of some later, unrelated trace.
+    """
+    model = _linear()
+    cases = [
+        (lambda m, x: m(x), lambda: (model, jnp.arange(3.0))),
+        (model, lambda: (jnp.arange(3.0),)),
+        (model.plain, lambda: (jnp.arange(3.0), jnp.array(2.0))),
+    ]
+    gc.collect()
+    gc.disable()
+    try:
+        for fn, make_args in cases:
+            f = tm.filter_jit(fn, donate=donate)
+            f(*make_args())
+            ref = weakref.ref(f)
+            del f
+            assert ref() is None, fn
+    finally:
+        gc.enable()
+
+
+def test_shared_method_versions_do_not_keep_a_model_alive() -> None:
+    """Compiled versions of a method are shared between models, but not the first model."""
+    model = _linear(seed=7)
+    weight = weakref.ref(model.weight)
+    tm.filter_jit(model.plain)(jnp.arange(3.0), 2.0)
+    del model
+    gc.collect()
+    assert weight() is None
+
+
+def test_programs_are_named_after_the_function() -> None:
+    def train_step(m: Any, x: jax.Array) -> jax.Array:
+        return m(x)
+
+    text = tm.filter_jit(train_step).lower(_linear(), jnp.arange(3.0)).as_text()
+    assert "module @jit_train_step" in text
 
 
 def test_unhashable_static_argument_names_its_path() -> None:

@@ -43,18 +43,51 @@ def _env_explain() -> bool:
     return os.environ.get("TREEMOD_EXPLAIN_RETRACES", "").lower() in ("1", "true", "yes", "on")
 
 
+class _TraceCount:
+    """How often a function was traced, its limit, and the retrace explainer's memory.
+
+    The traced function refers to this object only, never to the wrapper or its cache, so a
+    wrapper that goes out of scope is freed at once, with its compiled executables.
+    """
+
+    __slots__ = ("num_traces", "max_traces", "last_signature", "log")
+
+    def __init__(self, max_traces: int | None = None) -> None:
+        self.num_traces = 0
+        self.max_traces = max_traces
+        self.last_signature: tuple | None = None
+        self.log: list[str] = []
+
+    def record(self, name: str, explain_flag: bool | None, signature: Callable[[], tuple]) -> None:
+        """Count one trace of `name`; raise past `max_traces`; log what changed if explaining."""
+        self.num_traces += 1
+        if self.max_traces is not None and self.num_traces > self.max_traces:
+            raise RuntimeError(
+                f"{name} can only be traced {self.max_traces} times, but it has now been "
+                f"traced {self.num_traces} times. Set TREEMOD_EXPLAIN_RETRACES=1 (or "
+                "filter_jit(..., explain_retraces=True)) to log which argument changed."
+            )
+        explaining = explain_flag if explain_flag is not None else _env_explain()
+        if not explaining:
+            return
+        new = signature()
+        if self.last_signature is not None:
+            for line in explain(self.last_signature, new):
+                message = f"retrace of {name}: {line}"
+                self.log.append(message)
+                logger.warning(message)
+        self.last_signature = new
+
+
 class _Traces:
     """Compiled versions and trace bookkeeping, shared by wrappers of the same method."""
 
-    __slots__ = ("cache", "lowerable", "num_traces", "max_traces", "last_signature", "log")
+    __slots__ = ("cache", "lowerable", "count")
 
-    def __init__(self) -> None:
+    def __init__(self, max_traces: int | None = None) -> None:
         self.cache: dict[tuple, Callable[[list], Any]] = {}
         self.lowerable: dict[tuple, tuple[Any, int | None]] = {}
-        self.num_traces = 0
-        self.max_traces: int | None = None
-        self.last_signature: tuple | None = None
-        self.log: list[str] = []
+        self.count = _TraceCount(max_traces)
 
 
 # Module methods share their compiled versions across wrappers, so `filter_jit(model.step)`
@@ -70,6 +103,12 @@ def _traces_for(target: Any, donate: str, explain_retraces: bool | None) -> _Tra
     except TypeError:
         return _Traces()
     return per_target.setdefault((donate, explain_retraces), _Traces())
+
+
+def _named(fn: Callable, name: str) -> Callable:
+    """`fn`, renamed: JAX names the program (and nested calls in it) after the function."""
+    fn.__name__ = fn.__qualname__ = name
+    return fn
 
 
 class _JitWrapper:
@@ -119,18 +158,17 @@ class _JitWrapper:
     @property
     def num_traces(self) -> int:
         """How many times the function has been traced (compiled versions made)."""
-        return self._traces.num_traces
+        return self._traces.count.num_traces
 
     @property
     def retrace_explanations(self) -> list[str]:
         """The lines the retrace explainer has logged so far."""
-        return self._traces.log
+        return self._traces.count.log
 
     def with_max_traces(self, max_traces: int | None) -> _JitWrapper:
         """A copy with its own compiled versions and trace count, failing past `max_traces`."""
         new = _JitWrapper(self._fn, self._donate, self._explain_flag)
-        new._traces = _Traces()
-        new._traces.max_traces = max_traces
+        new._traces = _Traces(max_traces)
         new._cache = new._traces.cache
         return new
 
@@ -159,7 +197,11 @@ class _JitWrapper:
             self._traces.lowerable[(treedef, sig_id, static)] = (jitted, None)
         else:
             k = self._n_kept(treedef, mask)
-            jitted = jax.jit(lambda keep, donated: inner(keep + donated), donate_argnums=1)
+
+            def donating(keep: list, donated: list) -> Any:
+                return inner(keep + donated)
+
+            jitted = jax.jit(_named(donating, self._name), donate_argnums=1)
             if self._donate in ("all", "all-except-first"):
 
                 def entry(dynamic: list) -> Any:
@@ -176,40 +218,25 @@ class _JitWrapper:
         return entry
 
     def _make_inner(self, treedef: Any, mask: tuple[bool, ...], static: tuple) -> Callable:
-        fn, call = self._fn, self._call_fn
+        # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
+        # would keep the wrapper, or the module's arrays, alive as long as the cache.
+        call, count, name, flag = self._call_fn, self._traces.count, self._name, self._explain_flag
+        plain_fn = self._fn if call is None and self._fn_tree is None else None
 
         def inner(dynamic: list) -> Any:
-            self._on_trace(treedef, mask, static, dynamic)
+            count.record(
+                name, flag, lambda: (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
+            )
             fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
             if call is not None:
                 out = call(fn_tree, *args, **kwargs)
-            elif fn_tree is not None:
+            elif plain_fn is None:
                 out = fn_tree(*args, **kwargs)
             else:
-                out = fn(*args, **kwargs)
+                out = plain_fn(*args, **kwargs)
             return pack_output(out)
 
-        return inner
-
-    def _on_trace(self, treedef: Any, mask: tuple, static: tuple, dynamic: list) -> None:
-        traces = self._traces
-        traces.num_traces += 1
-        if traces.max_traces is not None and traces.num_traces > traces.max_traces:
-            raise RuntimeError(
-                f"{self._name} can only be traced {traces.max_traces} times, but it has now been "
-                f"traced {traces.num_traces} times. Set TREEMOD_EXPLAIN_RETRACES=1 (or "
-                "filter_jit(..., explain_retraces=True)) to log which argument changed."
-            )
-        explaining = self._explain_flag if self._explain_flag is not None else _env_explain()
-        if not explaining:
-            return
-        signature = (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
-        if traces.last_signature is not None:
-            for line in explain(traces.last_signature, signature):
-                message = f"retrace of {self._name}: {line}"
-                traces.log.append(message)
-                logger.warning(message)
-        traces.last_signature = signature
+        return _named(inner, name)
 
     def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
         """Trace and lower for these arguments, for ahead-of-time compilation.
