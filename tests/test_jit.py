@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treemod as tm
+import treemod.nn as nn
 
 # Random pytrees of float32 arrays: nested dicts, lists and tuples.
 _shapes = hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)
@@ -244,6 +245,8 @@ def test_programs_are_named_after_the_function() -> None:
 
     text = tm.filter_jit(train_step).lower(_linear(), jnp.arange(3.0)).as_text()
     assert "module @jit_train_step" in text
+    nn_text = jax.jit(lambda x: nn.Linear(3, 2, key=jax.random.key(0))(x)).lower(jnp.ones(3))
+    assert "call @Linear._flat" in nn_text.as_text()  # layers show up by name, too
 
 
 def test_unhashable_static_argument_names_its_path() -> None:

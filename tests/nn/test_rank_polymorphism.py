@@ -134,8 +134,17 @@ def test_lstm_cell(batch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _eqns(jaxpr):
+    """The equations of `jaxpr`, with each nested `jit` replaced by its own equations."""
+    for e in jaxpr.eqns:
+        if e.primitive.name in ("jit", "pjit"):
+            yield from _eqns(e.params["jaxpr"].jaxpr)
+        else:
+            yield e
+
+
 def _primitives(fn, *args):
-    return [e.primitive.name for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns]
+    return [e.primitive.name for e in _eqns(jax.make_jaxpr(fn)(*args).jaxpr)]
 
 
 @pytest.mark.parametrize("shape", [(8, 4), (4,)])
@@ -152,6 +161,46 @@ def test_linear_stages_as_few_ops_as_plain_jax(shape):
     # The bias is lined up with one reshape (no rank promotion); the input is not reshaped
     # when it already has exactly one batch axis.
     assert ops.count("reshape") == (1 if len(shape) == 2 else 3), ops
+
+
+def _nested_programs(jaxpr):
+    return [e.params["jaxpr"] for e in jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
+
+
+@pytest.mark.parametrize("depth", [3, 6])
+def test_identical_layers_share_one_nested_program(depth):
+    """Each distinct layer core is traced once and reused, also by the gradient.
+
+    JAX caches the derivative, transpose and lowering of a nested program, so a deep stack of
+    same-shaped layers costs about as much to trace as a shallow one.
+    """
+    mlp = nn.MLP(6, 2, 6, depth, key=K)  # Linear(6, 6) x depth, then Linear(6, 2)
+    x = jnp.ones((3, 6))
+    top = jax.make_jaxpr(mlp)(x).jaxpr
+    assert [e.params["name"] for e in top.eqns if e.primitive.name in ("jit", "pjit")] == [
+        "Linear._flat"
+    ] * (depth + 1)
+    assert len({id(p) for p in _nested_programs(top)}) == 2  # 6 -> 6 and 6 -> 2
+
+    def loss(m):
+        return jnp.sum(m(x) ** 2)
+
+    backward = _nested_programs(jax.make_jaxpr(jax.grad(loss))(mlp).jaxpr)
+    assert len(backward) == 2 * (depth + 1)  # forward and backward of each layer
+    # The first and last layers differ (no input gradient; other shapes): 6 programs, at any
+    # depth.
+    assert len({id(p) for p in backward}) == 6
+    np.testing.assert_allclose(
+        jax.grad(loss)(mlp).layers[0].weight,
+        jax.grad(lambda m: jnp.sum(_inline_mlp(m, x) ** 2))(mlp).layers[0].weight,
+        rtol=1e-5,
+    )
+
+
+def _inline_mlp(mlp, x):
+    for layer in mlp.layers[:-1]:
+        x = jax.nn.relu(x @ layer.weight.T + layer.bias[None])
+    return x @ mlp.layers[-1].weight.T + mlp.layers[-1].bias[None]
 
 
 def test_linear_mixed_dtypes_follow_matmul_promotion():

@@ -45,7 +45,7 @@ class _AdaptivePool(Module):
     def _apply(self, x: Array) -> Array:
         n = len(self.target_shape)
         core = (("channels", None),) + tuple((f"spatial{i}", None) for i in range(n))
-        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         for i, target in enumerate(self.target_shape):

@@ -180,16 +180,11 @@ class MultiheadAttention(Module):
             inputs.append(Core("mask", mask, mask_core))
         else:
             inputs.append(Core("mask", None, None))
-        dropout_key = key
-        out = batch_apply(
-            "MultiheadAttention",
-            lambda q, k, v, m: self._flat(
-                q, k, v, m, causal, dropout_key, inference, deterministic
-            ),
-            inputs,
-            vectorised=True,
-        )
-        return out
+        # Passed through unbatched: the key is traced, the flags are static.
+        passed = {"causal": causal, "key": key, "inference": inference}
+        passed["deterministic"] = deterministic
+        inputs += [Core(name, v, None) for name, v in passed.items()]
+        return batch_apply("MultiheadAttention", self._flat, inputs)
 
     def _flat(
         self,

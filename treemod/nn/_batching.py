@@ -3,9 +3,9 @@
 A layer describes its computation for one unbatched example whose inputs have a known number of
 "core" dimensions (`Linear`: one, `Conv2d`: three, ...). `batch_apply` accepts any number of
 extra leading batch dimensions on top, flattens them into one, runs the layer once on the
-flattened batch (either `jax.vmap` of the unbatched function, or a kernel that already takes a
-leading batch axis, such as a batched convolution), and restores the batch shape. The result
-equals `jax.vmap` of the unbatched call, for any number of batch dimensions.
+flattened batch (with a kernel that takes a leading batch axis, such as a batched convolution),
+and restores the batch shape. The result equals `jax.vmap` of the unbatched call, for any number
+of batch dimensions.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
+
+from .._jit import filter_jit
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
 
@@ -67,50 +68,36 @@ def _batch_shape(owner: str, inputs: Sequence[Core]) -> tuple[int, ...]:
     return () if batch is None else batch
 
 
-def batch_apply(
-    owner: str,
-    fn: Callable[..., Any],
-    inputs: Sequence[Core],
-    *,
-    vectorised: bool = False,
-) -> Any:
-    """Apply a layer's per-example `fn` to inputs with any number of leading batch dims.
+def batch_apply(owner: str, method: Callable[..., Any], inputs: Sequence[Core]) -> Any:
+    """Apply a layer's core computation to inputs with any number of leading batch dims.
+
+    The core runs as its own cached, nested `filter_jit`. Layers with the same configuration
+    and input shapes share it, so a deep model differentiates, transposes and lowers each
+    distinct layer once rather than once per layer, and traces faster than the same code
+    written inline. XLA inlines the nested calls, so the compiled program does not change.
 
     Arguments:
         owner: the layer's class name, for error messages.
-        fn: the computation; takes the input values positionally.
-        inputs: one `Core` per positional argument of `fn`.
-        vectorised: if `False`, `fn` handles one unbatched example and is `jax.vmap`-ed over
-            the flattened batch. If `True`, `fn` takes every batched input with exactly one
-            leading batch axis (inputs without batch dimensions are broadcast to it) and is
-            called once, also for an unbatched example (with a batch of one).
+        method: the core, a method of the layer taking every batched input with exactly one
+            leading batch axis (inputs without batch dimensions are broadcast to it; an
+            unbatched example comes as a batch of one).
+        inputs: one `Core` per positional argument of `method`.
 
     Returns:
-        `fn`'s output (any pytree of arrays) with the batch dimensions restored in front.
+        `method`'s output (any pytree of arrays) with the batch dimensions restored in front.
     """
     batch = _batch_shape(owner, inputs)
-    values = [c.value for c in inputs]
-    if not batch and not vectorised:
-        return fn(*values)
     n = math.prod(batch)
     args: list[Any] = []
-    axes: list[int | None] = []
     for _, x, dims in inputs:
         if dims is None or x is None:
             args.append(x)
-            axes.append(None)
             continue
         core_shape = tuple(jnp.shape(x))[jnp.ndim(x) - len(dims) :]
         # `lax` reshapes bind one primitive, or none when the shape is already right.
         if jnp.ndim(x) == len(dims):
-            if vectorised:
-                args.append(lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape))
-                axes.append(0)
-            else:
-                args.append(x)
-                axes.append(None)
+            args.append(lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape))
         else:
             args.append(lax.reshape(x, (n,) + core_shape))
-            axes.append(0)
-    out = fn(*args) if vectorised else jax.vmap(fn, in_axes=tuple(axes))(*args)
+    out = filter_jit(method, explain_retraces=False)(*args)
     return jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)

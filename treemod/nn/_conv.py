@@ -210,7 +210,7 @@ class Conv(Module):
         """
         n, last = self.num_spatial_dims, self.channels_last
         core = image_core("in_channels", self.in_channels, n, last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last

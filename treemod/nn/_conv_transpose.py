@@ -153,7 +153,7 @@ class ConvTranspose(Module):
         core = image_core(
             "in_channels", self.in_channels, self.num_spatial_dims, self.channels_last
         )
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _conv_padding(self) -> tuple[tuple[int, int], ...]:
         """The padding of the dilated input that the transposed convolution runs as.

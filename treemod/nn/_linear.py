@@ -101,7 +101,7 @@ class Linear(Module):
             `(*batch, out_features)`, or `(*batch,)` when `out_features="scalar"`.
         """
         dims = () if self.in_features == "scalar" else (("in_features", self.in_features),)
-        return batch_apply("Linear", self._flat, [Core("x", x, dims)], vectorised=True)
+        return batch_apply("Linear", self._flat, [Core("x", x, dims)])
 
     def _flat(self, x: Array) -> Array:
         if self.in_features == "scalar":

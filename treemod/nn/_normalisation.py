@@ -84,7 +84,7 @@ class LayerNorm(Module):
             An array of the shape and dtype of `x`.
         """
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
-        return batch_apply("LayerNorm", self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply("LayerNorm", self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         axes = tuple(range(1, x.ndim))
@@ -155,7 +155,7 @@ class RMSNorm(Module):
             An array of the shape and dtype of `x`.
         """
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
-        return batch_apply("RMSNorm", self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply("RMSNorm", self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         axes = tuple(range(1, x.ndim))
@@ -251,7 +251,7 @@ class GroupNorm(Module):
         """
         spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
         core = image_core("channels", self.channels, max(spatial, 0), self.channels_last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         n, c = x.shape[0], x.shape[-1 if self.channels_last else 1]

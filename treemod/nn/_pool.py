@@ -124,7 +124,7 @@ class _Pool(Module):
             `(*batch, channels, *pooled_spatial)` (channels last if `channels_last`).
         """
         core = image_core("channels", None, self.num_spatial_dims, self.channels_last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)], vectorised=True)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
         raise NotImplementedError

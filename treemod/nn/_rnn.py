@@ -125,7 +125,7 @@ class GRUCell(Module):
             Core("input", input, (("input_size", self.input_size),)),
             Core("hidden", hidden, (("hidden_size", self.hidden_size),)),
         ]
-        return batch_apply("GRUCell", self._flat, inputs, vectorised=True)
+        return batch_apply("GRUCell", self._flat, inputs)
 
     def _flat(self, x: Array, h: Array) -> Array:
         gi = matmul_t(x, self.weight_ih)
@@ -229,7 +229,7 @@ class LSTMCell(Module):
             Core("hidden[0]", h, dims),
             Core("hidden[1]", c, dims),
         ]
-        return batch_apply("LSTMCell", self._flat, inputs, vectorised=True)
+        return batch_apply("LSTMCell", self._flat, inputs)
 
     def _flat(self, x: Array, h: Array, c: Array) -> tuple[Array, Array]:
         gates = matmul_t(x, self.weight_ih) + matmul_t(h, self.weight_hh)

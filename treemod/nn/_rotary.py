@@ -66,7 +66,7 @@ class RotaryPositionalEmbedding(Module):
             An array of the shape of `x`.
         """
         core = [Core("x", x, (("seq_length", None), ("embedding_size", self.embedding_size)))]
-        return batch_apply("RotaryPositionalEmbedding", self._flat, core, vectorised=True)
+        return batch_apply("RotaryPositionalEmbedding", self._flat, core)
 
     def _flat(self, x: Array) -> Array:
         seq, size = x.shape[-2:]
