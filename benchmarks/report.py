@@ -28,6 +28,17 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 FIRST_CALL_LIMIT = 1.05
 STEP_LIMIT = 1.10
 STACK_LIMIT = 1.5
+STACK_METRICS = (
+    ("jit_total_s", "trace+lower+compile"),
+    ("first_call_cpu_s", "first call CPU (incl. running 12x the layers)"),
+)
+# How a merged report names the metrics that a run measured only in part.
+METRIC_GROUPS = {
+    "init_jit_s": "construction inside jit",
+    "first_call_big_s": "realistic batch",
+    "step_big_s": "realistic batch",
+    "step_big_cpu_s": "realistic batch",
+}
 
 CHARTS = {
     "first_call.png": ("first_call_s", "First call of the training step (s, log scale)", True),
@@ -83,12 +94,9 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             if tm and floor:
                 r = tm["median"] / floor["median"]
                 out.append(_target(f"{wl}: {what} / plain JAX", r, STEP_LIMIT))
-    if len(_stack_runs(data)) > 1:
-        return out  # 4 and 48 blocks measured in different runs: their ratio would mislead
-    for metric, what in (
-        ("jit_total_s", "trace+lower+compile"),
-        ("first_call_cpu_s", "first call CPU (incl. running 12x the layers)"),
-    ):
+    for metric, what in STACK_METRICS:
+        if not _from_one_run(data, metric):
+            continue  # 4 and 48 blocks measured in different runs: their ratio would mislead
         deep = _metric(data, "stack48_scan", "treemod", metric)
         shallow = _metric(data, "stack4_scan", "treemod", metric)
         if deep and shallow:
@@ -97,13 +105,13 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _stack_runs(data: dict[str, Any]) -> set[Any]:
-    """The runs (of a merged report) that measured treemod's 4- and 48-block scans."""
-    return {
-        r.get("run")
-        for r in data["records"]
-        if r["framework"] == "treemod" and r["workload"] in ("stack4_scan", "stack48_scan")
+def _from_one_run(data: dict[str, Any], metric: str) -> bool:
+    """Whether treemod's 4- and 48-block `metric` come from the same run (of a merged report)."""
+    runs = {
+        data["summary"].get(wl, {}).get("treemod", {}).get("source", {}).get(metric)
+        for wl in ("stack4_scan", "stack48_scan")
     }
+    return len(runs - {None}) <= 1
 
 
 def _target(name: str, value: float, limit: float) -> dict[str, Any]:
@@ -191,6 +199,18 @@ def _imports(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _run_part(workload: str, partial: dict[str, list[str]] | None) -> str:
+    """A workload in the list of merged runs, saying which of its metrics the run gave."""
+    if partial is None:
+        return workload
+    if not partial["here"]:
+        return f"{workload} (failures only)"
+    names = lambda ms: ", ".join(dict.fromkeys(METRIC_GROUPS.get(m, m) for m in ms))
+    if len(partial["here"]) <= len(partial["elsewhere"]):
+        return f"{workload} ({names(partial['here'])} only)"
+    return f"{workload} (all but {names(partial['elsewhere'])})"
+
+
 def _processes(n: int) -> str:
     return f"{n} process" if n == 1 else f"{n} processes"
 
@@ -207,7 +227,8 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
         runs = (
             " Merged from runs: "
             + "; ".join(
-                f"{', '.join(r['workloads'])} ({r['started']}, {r.get('jobs') or 1} at once"
+                ", ".join(_run_part(w, r.get("partial", {}).get(w)) for w in r["workloads"])
+                + f" ({r['started']}, {r.get('jobs') or 1} at once"
                 + (f", {_processes(r['processes'])}" if r.get("processes") is not None else "")
                 + (f", stopped: {r['stopped']}" if r.get("stopped") else "")
                 + ")"
@@ -274,7 +295,7 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
         for t in data["targets"]:
             mark = "yes" if t["ok"] else "**no**"
             lines.append(f"| {t['name']} | {t['value']:.2f}× | ≤ {t['limit']:.2f}× | {mark} |")
-        if len(_stack_runs(data)) > 1:
+        if any(not _from_one_run(data, m) for m, _ in STACK_METRICS):
             lines += [
                 "",
                 "The Stack target (48 blocks against 4) is not computed: the two come from "
@@ -395,64 +416,98 @@ def update_docs(data: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Combine several runs' results (e.g. workloads measured in separate runs) into one.
+    """Combine several runs' results (workloads or metrics measured in separate runs) into one.
 
-    A workload measured by more than one run is taken whole from the run that started last,
-    so a re-measured workload replaces the older figures instead of mixing with them (ratios
-    stay within one run).
+    Each metric of a workload comes from the latest run that measured it, for every framework
+    at once, so a re-measured cell replaces the older figures instead of mixing with them and
+    its ratios stay within one run. A run that measured only some metrics of a workload (for
+    example without the realistic batch) leaves the others to the run before. Failures come
+    from the latest run of each workload.
     """
     from .run import summarise
     from .workloads.spec import workloads as all_workloads
 
     order = list(all_workloads())
-    latest = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
-    owner = {w: n for n in latest for w in docs[n]["workloads"]}
-    used = [n for n in latest if n in owner.values()]
-    records: list[dict[str, Any]] = []
-    wls: dict[str, Any] = {}
+    by_start = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
+    runs = {n: summarise(docs[n]["records"]) for n in by_start}
+    source: dict[tuple[str, str], int] = {}  # (workload, metric) -> the run it comes from
+    owner: dict[str, int] = {}  # workload -> the latest run that measured it
+    for n in by_start:
+        owner.update({w: n for w in docs[n]["workloads"]})
+        for wl, per_fw in runs[n].items():
+            source.update({(wl, m): n for entry in per_fw.values() for m in entry["metrics"]})
+    summary: dict[str, dict[str, Any]] = {}
+    for wl in owner:
+        fws = {fw for n in by_start for fw in runs[n].get(wl, {})}
+        for fw in fws:
+            entry = summary.setdefault(wl, {}).setdefault(
+                fw, {"metrics": {}, "ratio": {}, "source": {}, "errors": []}
+            )
+            entry["errors"] = runs[owner[wl]].get(wl, {}).get(fw, {}).get("errors", [])
+            for (w, m), n in source.items():
+                got = runs[n].get(wl, {}).get(fw, {}) if w == wl else {}
+                if m in got.get("metrics", {}):
+                    entry["metrics"][m] = got["metrics"][m]
+                    entry["source"][m] = n
+                    if m in got["ratio"]:
+                        entry["ratio"][m] = got["ratio"][m]
+    used = {(w, n) for (w, _), n in source.items()} | {(w, n) for w, n in owner.items()}
+    records = [
+        {**r, "run": n} for n in by_start for r in docs[n]["records"] if (r["workload"], n) in used
+    ]
     status: dict[str, dict[str, Any]] = {}
-    for n in used:
-        doc = docs[n]
-        records += [{**r, "run": n} for r in doc["records"] if owner[r["workload"]] == n]
-        wls.update({w: spec for w, spec in doc["workloads"].items() if owner[w] == n})
-        for fw, st in doc["frameworks"].items():
+    for n in by_start:
+        for fw, st in docs[n]["frameworks"].items():
             if fw not in status or st["status"] == "ok":
                 status[fw] = dict(st)
     for fw, st in status.items():
-        mine = [r for r in records if r["framework"] == fw]
-        errs = [r["error"] for r in mine if "error" in r]
-        if mine and st["status"] != "skipped":
-            st["status"] = (
-                "ok" if not errs else "failed" if len(errs) == len(mine) else "partly failed"
-            )
+        errs = [e for per in summary.values() for e in per.get(fw, {}).get("errors", [])]
+        if st["status"] != "skipped" and any(fw in per for per in summary.values()):
+            has_values = any(per.get(fw, {}).get("metrics") for per in summary.values())
+            st["status"] = "ok" if not errs else "partly failed" if has_values else "failed"
             if errs:
                 st["reason"] = errs[0]
             else:
                 st.pop("reason", None)
-    meta = dict(docs[used[-1]]["meta"])
+    used_runs = [n for n in by_start if any(m == n for _, m in used)]
+    meta = dict(docs[used_runs[-1]]["meta"])
     meta["runs"] = [
         {k: docs[n]["meta"].get(k) for k in ("started", "finished", "jobs", "config", "stopped")}
         | {
-            "workloads": [w for w in docs[n]["workloads"] if owner[w] == n],
+            "workloads": [w for w in order if (w, n) in used],
+            "partial": {
+                w: {
+                    "here": sorted(m for (x, m), k in source.items() if x == w and k == n),
+                    "elsewhere": sorted(m for (x, m), k in source.items() if x == w and k != n),
+                }
+                for w in order
+                if (w, n) in used and any(x == w and k != n for (x, _), k in source.items())
+            },
             "processes": sum(r["run"] == n for r in records),
         }
-        for n in used
+        for n in used_runs
     ]
-    meta["repeats"] = max(docs[n]["meta"]["repeats"] for n in used)
-    meta["started"] = min(docs[n]["meta"]["started"] for n in used)
+    meta["repeats"] = max(docs[n]["meta"]["repeats"] for n in used_runs)
+    meta["started"] = min(docs[n]["meta"]["started"] for n in used_runs)
     meta["finished"] = max(
-        docs[n]["meta"].get("finished") or docs[n]["meta"]["started"] for n in used
+        docs[n]["meta"].get("finished") or docs[n]["meta"]["started"] for n in used_runs
     )
-    meta["duration_s"] = sum(docs[n]["meta"].get("duration_s", 0.0) for n in used)
+    meta["duration_s"] = sum(docs[n]["meta"].get("duration_s", 0.0) for n in used_runs)
     meta["completed_processes"] = len(records)
     meta["planned_processes"] = None
     meta.pop("stopped", None)
     data = {
         "meta": meta,
         "frameworks": status,
-        "workloads": {w: wls[w] for w in sorted(wls, key=lambda w: order.index(w))},
+        "workloads": {
+            w: next(
+                docs[n]["workloads"][w] for n in reversed(by_start) if w in docs[n]["workloads"]
+            )
+            for w in order
+            if w in owner
+        },
         "records": records,
-        "summary": summarise(records),
+        "summary": summary,
     }
     data["targets"] = targets(data)
     return data

@@ -291,6 +291,52 @@ def test_stack_target_is_computed_within_one_run_only() -> None:
     assert "The Stack target (48 blocks against 4) is not computed" in report.markdown(merged)
 
 
+def _big(rec: dict, step: float) -> dict:
+    return {**rec, "step_big_s": step, "init_jit_s": 5 * step}
+
+
+def test_merge_keeps_metrics_that_the_latest_run_did_not_measure() -> None:
+    old = _data(
+        {"jax": "ok", "treemod": "ok"},
+        [
+            _big(_record("jax", "mlp8", 1.0, 0.1), 2.0),
+            _big(_record("treemod", "mlp8", 1.5, 0.1), 3.0),
+        ],
+    )
+    new = _data(
+        {"jax": "ok", "treemod": "ok"},
+        [_record("jax", "mlp8", 2.0, 0.1), _record("treemod", "mlp8", 2.2, 0.1)],
+    )
+    old["meta"]["started"], new["meta"]["started"] = "2026-11-22T10:00", "2026-11-22T13:00"
+    merged = report.merge([new, old])
+    tm = merged["summary"]["mlp8"]["treemod"]
+    assert tm["ratio"]["first_call_s"] == pytest.approx(1.1)  # the new run's pair
+    assert tm["ratio"]["step_big_s"] == pytest.approx(1.5)  # the old run's pair, not mixed
+    assert tm["metrics"]["init_jit_s"]["median"] == pytest.approx(15.0)
+    assert tm["source"]["first_call_s"] == 0 and tm["source"]["step_big_s"] == 1
+    assert len(merged["records"]) == 4  # the old records still give the realistic batch
+    text = report.markdown(merged)
+    assert "mlp8 (construction inside jit, realistic batch only) (2026-11-22T10:00" in text
+    assert "mlp8 (all but construction inside jit, realistic batch) (2026-11-22T13:00" in text
+    assert "| MLP, depth 8 | 2.00 | 2.20 (1.10×) |" in text  # wall-time first call
+    assert "| MLP, depth 8 | 2000 | 3000 (1.50×) |" in text  # realistic-batch step (ms)
+
+
+def test_stack_target_of_a_merge_uses_the_run_that_measured_both_depths() -> None:
+    both = [
+        _record(fw, wl, first, 0.1)
+        for fw in ("jax", "treemod")
+        for wl, first in (("stack4_scan", 2.0), ("stack48_scan", 2.4))
+    ]
+    older = [_big(_record(fw, "stack48_scan", 9.0, 0.1), 1.0) for fw in ("jax", "treemod")]
+    new, old = _data({"jax": "ok", "treemod": "ok"}, both), _data({"jax": "ok"}, older)
+    old["meta"]["started"], new["meta"]["started"] = "2026-11-22T10:00", "2026-11-22T13:00"
+    merged = report.merge([old, new])
+    got = {t["name"]: t["value"] for t in merged["targets"]}
+    assert got["Stack: trace+lower+compile, 48 blocks / 4"] == pytest.approx(1.2)
+    assert "is not computed" not in report.markdown(merged)
+
+
 def test_update_docs_replaces_only_the_generated_part(tmp_path: Path, monkeypatch) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\noutro\n")
