@@ -421,8 +421,8 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     Each metric of a workload comes from the latest run that measured it, for every framework
     at once, so a re-measured cell replaces the older figures instead of mixing with them and
     its ratios stay within one run. A run that measured only some metrics of a workload (for
-    example without the realistic batch) leaves the others to the run before. Failures come
-    from the latest run of each workload.
+    example without the realistic batch) leaves the others to the run before. A library's
+    failures on a workload come from the latest run that ran it there.
     """
     from .run import summarise
     from .workloads.spec import workloads as all_workloads
@@ -431,30 +431,30 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     by_start = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
     runs = {n: summarise(docs[n]["records"]) for n in by_start}
     source: dict[tuple[str, str], int] = {}  # (workload, metric) -> the run it comes from
-    owner: dict[str, int] = {}  # workload -> the latest run that measured it
+    owner: dict[tuple[str, str], int] = {}  # (workload, framework) -> its latest run
     for n in by_start:
-        owner.update({w: n for w in docs[n]["workloads"]})
+        owner.update({(w, fw): n for w, per_fw in runs[n].items() for fw in per_fw})
         for wl, per_fw in runs[n].items():
             source.update({(wl, m): n for entry in per_fw.values() for m in entry["metrics"]})
     summary: dict[str, dict[str, Any]] = {}
-    for wl in owner:
-        fws = {fw for n in by_start for fw in runs[n].get(wl, {})}
-        for fw in fws:
-            entry = summary.setdefault(wl, {}).setdefault(
-                fw, {"metrics": {}, "ratio": {}, "source": {}, "errors": []}
-            )
-            entry["errors"] = runs[owner[wl]].get(wl, {}).get(fw, {}).get("errors", [])
-            for (w, m), n in source.items():
-                got = runs[n].get(wl, {}).get(fw, {}) if w == wl else {}
-                if m in got.get("metrics", {}):
-                    entry["metrics"][m] = got["metrics"][m]
-                    entry["source"][m] = n
-                    if m in got["ratio"]:
-                        entry["ratio"][m] = got["ratio"][m]
-    used = {(w, n) for (w, _), n in source.items()} | {(w, n) for w, n in owner.items()}
+    for (wl, fw), last in owner.items():
+        entry = {"metrics": {}, "ratio": {}, "source": {}, "errors": runs[last][wl][fw]["errors"]}
+        for (w, m), n in source.items():
+            got = runs[n][wl].get(fw) if w == wl else None
+            if got is not None and m in got["metrics"]:
+                entry["metrics"][m] = got["metrics"][m]
+                entry["source"][m] = n
+                if m in got["ratio"]:
+                    entry["ratio"][m] = got["ratio"][m]
+        summary.setdefault(wl, {})[fw] = entry
+    used = {(w, n) for (w, _), n in source.items()}
     records = [
-        {**r, "run": n} for n in by_start for r in docs[n]["records"] if (r["workload"], n) in used
+        {**r, "run": n}
+        for n in by_start
+        for r in docs[n]["records"]
+        if (r["workload"], n) in used or owner[r["workload"], r["framework"]] == n
     ]
+    used |= {(r["workload"], r["run"]) for r in records}
     status: dict[str, dict[str, Any]] = {}
     for n in by_start:
         for fw, st in docs[n]["frameworks"].items():
@@ -504,7 +504,7 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 docs[n]["workloads"][w] for n in reversed(by_start) if w in docs[n]["workloads"]
             )
             for w in order
-            if w in owner
+            if any(x == w for x, _ in owner)
         },
         "records": records,
         "summary": summary,

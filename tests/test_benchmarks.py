@@ -322,6 +322,18 @@ def test_merge_keeps_metrics_that_the_latest_run_did_not_measure() -> None:
     assert "| MLP, depth 8 | 2000 | 3000 (1.50×) |" in text  # realistic-batch step (ms)
 
 
+def test_merge_keeps_the_failure_of_a_library_that_the_latest_run_left_out() -> None:
+    timed_out = {"framework": "jax", "workload": "mlp8", "error": "timed out after 600 s"}
+    old = _data({"jax": "ok", "treemod": "ok"}, [timed_out, _record("treemod", "mlp8", 5.0, 0.1)])
+    new = _data({"treemod": "ok"}, [_record("treemod", "mlp8", 4.0, 0.1)])
+    old["meta"]["started"], new["meta"]["started"] = "2026-11-22T10:00", "2026-11-22T13:00"
+    merged = report.merge([old, new])
+    assert merged["summary"]["mlp8"]["jax"]["errors"] == ["timed out after 600 s"]
+    assert merged["summary"]["mlp8"]["treemod"]["metrics"]["first_call_s"]["median"] == 4.0
+    assert merged["frameworks"]["jax"]["status"] == "failed"
+    assert "| MLP, depth 8 | timed out (600 s) | 4.00 |" in report.markdown(merged)
+
+
 def test_stack_target_of_a_merge_uses_the_run_that_measured_both_depths() -> None:
     both = [
         _record(fw, wl, first, 0.1)
