@@ -1,7 +1,7 @@
 """Run the compile-speed benchmark suite: every framework on every workload, fresh processes.
 
     python -m benchmarks.run [--quick] [--frameworks jax,treemod,...] [--workloads mlp8,...]
-                             [--repeats N] [--out DIR] [--no-docs]
+                             [--repeats N] [--out DIR] [--no-docs] [--resume]
 
 Each (framework, workload, repeat) runs in a fresh Python process (`benchmarks.worker`) with
 the persistent compilation cache off, so every import and every compile is cold. Repeats go
@@ -10,6 +10,7 @@ different one each time, so slow phases of the machine spread over all of them. 
 that are not installed are skipped with the reason shown. `--quick` uses tiny models, one
 repeat and one process per framework (all workloads in it), as a smoke test.
 
+A run writes its results after every process; `--resume` continues an interrupted one.
 Results go to `DIR/results.json` (every measurement, the summary and the machine), a Markdown
 report `DIR/results.md` and PNG charts. A full run into the default directory also refreshes
 the tables and charts of `docs/benchmarks.md`.
@@ -242,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         help="worker processes at once (default 1, quick: 2); more finishes sooner on a machine "
         "with idle cores, but then only the CPU-time figures are comparable",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose partial results.json is in --out: keep its processes and "
+        "run only the planned ones it lacks (same frameworks, workloads, repeats and config)",
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not refresh docs/")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -281,15 +288,24 @@ def main(argv: list[str] | None = None) -> int:
     jobs = plan(frameworks, names, repeats, grouped=args.quick)
     meta["planned_processes"] = len(jobs)
     records: list[dict[str, Any]] = []
+    if args.resume:
+        try:
+            meta, records = resumed(out_dir / "results.json", meta, frameworks, names)
+        except ValueError as err:
+            parser.error(str(err))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     meta["jobs"] = args.jobs
     bar = _progress(len(jobs), args.no_progress)
-    done = 0
+    finished_before = {r["process"] for r in records}
+    done = len(finished_before)
+    bar.update(done)
     pool = concurrent.futures.ThreadPoolExecutor(max(1, args.jobs))
     pending: list[concurrent.futures.Future] = []
     try:
         for n, (fw, job_names) in enumerate(jobs):
+            if n in finished_before:
+                continue
             while len(pending) >= max(1, args.jobs):  # wait for a free slot
                 finished, _ = concurrent.futures.wait(
                     pending, return_when=concurrent.futures.FIRST_COMPLETED
@@ -336,6 +352,40 @@ def main(argv: list[str] | None = None) -> int:
         if st["status"] != "ok":
             print(f"{st['label']}: {st['status']}: {st.get('reason', '')}", file=sys.stderr)
     return 0
+
+
+def resumed(
+    path: Path, meta: dict[str, Any], frameworks: list[str], names: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The metadata and records of the interrupted run at `path`, to be continued.
+
+    Raises ValueError naming what differs when `path` is missing or holds another plan.
+    """
+    if not path.exists():
+        raise ValueError(f"--resume: there is no {path} to continue")
+    old = json.loads(path.read_text())
+    before = old["meta"]
+    ran = {fw for fw, st in old["frameworks"].items() if st["status"] != "skipped"}
+    for what, was, now in [
+        ("repeats", before["repeats"], meta["repeats"]),
+        ("mode", before["mode"], meta["mode"]),
+        ("config", before["config"], meta["config"]),
+        ("frameworks", sorted(ran), sorted(frameworks)),
+        ("workloads", list(old["workloads"]), names),
+    ]:
+        if was != now:
+            raise ValueError(
+                f"--resume: {path} was run with {what} {was!r}, not {now!r}; pass the same "
+                "options as the interrupted run, or drop --resume to start afresh"
+            )
+    resumption = {
+        "at": meta["started"],
+        "kept_processes": len({r["process"] for r in old["records"]}),
+        "machine": meta["machine"],
+    }
+    kept = {**meta, "started": before["started"], "machine": before["machine"]}
+    kept["resumed"] = [*before.get("resumed", []), resumption]
+    return kept, old["records"]
 
 
 def _assemble(

@@ -441,3 +441,37 @@ def test_quick_run_with_treemod_and_plain_jax(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("first_call.png", "step_tiny.png", "step_big.png", "import.png"):
             assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+    # An interrupted run: treemod's process is missing. --resume runs only that one.
+    data["records"] = [r for r in data["records"] if r["framework"] == "jax"]
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    proc = subprocess.run(
+        [*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert [r["framework"] for r in again["records"]] == ["jax", "treemod"]
+    assert again["records"][0] == recs["jax"]  # kept, not rerun
+    assert again["records"][1]["first_call_s"] != recs["treemod"]["first_call_s"]
+    assert again["meta"]["started"] == data["meta"]["started"]
+    assert [r["kept_processes"] for r in again["meta"]["resumed"]] == [1]
+    assert again["meta"]["completed_processes"] == 2
+
+
+def test_resume_refuses_a_run_with_other_options(tmp_path: Path, capsys) -> None:
+    base = ["--quick", "--frameworks", "jax", "--workloads", "mlp8", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        run.main([*base, "--resume"])
+    assert "there is no" in capsys.readouterr().err
+    meta = {"repeats": 1, "mode": "quick", "config": run.QUICK_CONFIG, "started": "t"}
+    partial = {
+        "meta": meta,
+        "frameworks": {"jax": {"status": "ok"}},
+        "workloads": {"mlp8": {}},
+        "records": [],
+    }
+    (tmp_path / "results.json").write_text(json.dumps(partial))
+    with pytest.raises(SystemExit):
+        run.main([*base, "--repeats", "3", "--resume"])
+    err = capsys.readouterr().err
+    assert "was run with repeats 1, not 3" in err and "same options" in err
