@@ -7,6 +7,7 @@ docs refresh, skip reasons) is tested on synthetic results.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import report, run
+from benchmarks import report, run, same_program
 from benchmarks.worker import COMPILE, LOWER, TRACE, CompileEvents
 from benchmarks.workloads.spec import FRAMEWORKS, describe, expected_params, workloads
 
@@ -81,16 +83,23 @@ def test_full_size_resnet18_has_the_published_parameter_count() -> None:
     assert expected_params(workloads()["resnet18"]) == 11_173_962
 
 
-def _abstract_params(framework: str, w: Any) -> int:
-    module = importlib.import_module(f"benchmarks.workloads.{_MODULE[framework]}")
-    case = module.build(w)
-    # The peers' own code is not written for this test suite's strict promotion settings.
+@contextlib.contextmanager
+def _default_promotion() -> Iterator[None]:
+    """JAX's default promotion rules: the peers' code (and the plain-JAX workloads) are not
+    written for this test suite's strict settings."""
     with (
         warnings.catch_warnings(),
         jax.numpy_dtype_promotion("standard"),
         jax.numpy_rank_promotion("allow"),
     ):
         warnings.simplefilter("ignore")
+        yield
+
+
+def _abstract_params(framework: str, w: Any) -> int:
+    module = importlib.import_module(f"benchmarks.workloads.{_MODULE[framework]}")
+    case = module.build(w)
+    with _default_promotion():
         model = case.make_model_abstract(0)
         # Concrete zeros in place of the shapes, so the worker's own counting applies unchanged.
         model = jax.tree_util.tree_map(
@@ -413,6 +422,38 @@ def test_compile_events_split_the_first_call_into_trace_lower_compile() -> None:
         "/jax/core/compile/jaxpr_to_mlir_module_duration",
         "/jax/core/compile/backend_compile_duration",
     }
+
+
+def test_operation_count_counts_calls_and_region_bodies() -> None:
+    x = jnp.ones(3)
+    inner = jax.jit(jnp.sin)
+    nested = jax.jit(lambda a: inner(a) * a).lower(x).as_text()
+    reduced = jax.jit(lambda a: jnp.sum(a * a)).lower(x).as_text()
+    assert same_program.operation_count(nested) == 3  # call, multiply; sine in the callee
+    assert same_program.operation_count(reduced) == 4  # multiply, constant, reduce, its add
+
+
+def test_same_program_captures_and_compiles_each_library_step(capsys) -> None:
+    with _default_promotion():
+        texts = same_program.capture_step_modules("mlp8", ["jax", "treemod"], quick=True)
+    assert set(texts) == {"jax", "treemod"}
+    for text in texts.values():
+        assert "stablehlo.dot_general" in text
+        assert same_program.operation_count(text) > 100
+    assert "call @" in texts["treemod"]  # the layer cores are nested programs
+    times = same_program.compile_times(texts, rounds=2)
+    assert {k: len(v) for k, v in times.items()} == {"jax": 2, "treemod": 2}
+    assert all(t > 0 for v in times.values() for t in v)
+    with _default_promotion():
+        assert same_program.main(["--quick", "--frameworks", "jax,treemod", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp8: XLA compile" in out and "treemod" in out
+
+
+def test_same_program_rejects_an_unknown_framework(capsys) -> None:
+    with pytest.raises(SystemExit):
+        same_program.main(["--frameworks", "jax,pytorch"])
+    assert "unknown framework 'pytorch'" in capsys.readouterr().err
 
 
 # --- the smoke run ---------------------------------------------------------------------------
