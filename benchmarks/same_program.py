@@ -15,11 +15,13 @@ process, or noise). It also prints each module's operation count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .run import unavailable
@@ -27,36 +29,48 @@ from .workloads import MODULES
 from .workloads.spec import workloads
 
 
+@contextlib.contextmanager
+def _compiles_seen() -> Iterator[list[tuple[Any, ...]]]:
+    """Within the block, the arguments of every XLA compile: (backend, module, devices, options,
+    host callbacks). Every compile in JAX goes through `backend_compile_and_load`."""
+    from jax._src import compiler
+
+    seen: list[tuple[Any, ...]] = []
+    original = compiler.backend_compile_and_load
+
+    def record(*args: Any) -> Any:
+        seen.append(args)
+        return original(*args)
+
+    compiler.backend_compile_and_load = record
+    try:
+        yield seen
+    finally:
+        compiler.backend_compile_and_load = original
+
+
 def capture_step_modules(workload: str, frameworks: list[str], quick: bool) -> dict[str, str]:
     """The StableHLO text of each framework's first training step on `workload`."""
     import jax
-    from jax._src import compiler  # the function every XLA compile goes through
 
     from .worker import _batch
 
     w = workloads(quick)[workload]
-    captured: list[str] = []
-    original = compiler.backend_compile_and_load
-
-    def keep_module(backend: Any, module: Any, *args: Any) -> Any:
-        captured.append(module.operation.get_asm(enable_debug_info=False))
-        return original(backend, module, *args)
-
     texts: dict[str, str] = {}
     for framework in frameworks:
         case = importlib.import_module(MODULES[framework]).build(w)
         carry = case.make_carry(case.make_model(0))
         x, y = _batch(w, w.tiny_batch, case.channels_last)
-        captured.clear()
-        compiler.backend_compile_and_load = keep_module
-        try:
+        with _compiles_seen() as seen:
             carry, loss = case.step(carry, x, y)
             jax.block_until_ready(loss)
-        finally:
-            compiler.backend_compile_and_load = original
-        if not captured:
-            raise RuntimeError(f"{framework}/{workload}: the first step compiled nothing")
-        texts[framework] = max(captured, key=len)  # the step, not a helper computation
+        if not seen:
+            raise RuntimeError(
+                f"{framework}/{workload}: the first step compiled nothing (is a persistent "
+                "compilation cache on?)"
+            )
+        modules = [args[1].operation.get_asm(enable_debug_info=False) for args in seen]
+        texts[framework] = max(modules, key=len)  # the step, not a helper computation
     return texts
 
 
@@ -88,30 +102,21 @@ def compile_times(texts: dict[str, str], rounds: int, seed: int = 0) -> dict[str
     from jax._src import compiler
     from jax._src.lib.mlir import ir
 
-    jax.config.update("jax_enable_compilation_cache", False)
-    setup: list[tuple[Any, ...]] = []
-    original = compiler.backend_compile_and_load
-
-    def keep_setup(backend: Any, module: Any, *args: Any) -> Any:
-        setup.append((backend, module.context, *args))
-        return original(backend, module, *args)
-
-    compiler.backend_compile_and_load = keep_setup
-    try:  # a throw-away compile to learn this process's backend, devices and options
+    with _compiles_seen() as seen:  # a throw-away compile: this process's devices and options
         jax.jit(lambda a: a @ a + 1.0)(jnp.ones((4, 4))).block_until_ready()
-    finally:
-        compiler.backend_compile_and_load = original
-    backend, context, *args = setup[0]
+    if not seen:
+        raise RuntimeError("a probe computation compiled nothing (is a persistent cache on?)")
+    backend, probe, *args = seen[0]
     names = list(texts)
     times: dict[str, list[float]] = {name: [] for name in names}
     order = random.Random(seed)
     for _ in range(rounds):
         order.shuffle(names)
         for name in names:
-            with context:
+            with probe.context:
                 module = ir.Module.parse(texts[name])
             t = time.perf_counter()
-            original(backend, module, *args)
+            compiler.backend_compile_and_load(backend, module, *args)
             times[name].append(time.perf_counter() - t)
     return times
 
@@ -123,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="use the tiny sizes")
     args = parser.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)  # every step must really compile
 
     frameworks = []
     for name in args.frameworks.split(","):
