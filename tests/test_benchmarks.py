@@ -450,6 +450,40 @@ def test_same_program_captures_and_compiles_each_library_step(capsys) -> None:
     assert "mlp8: XLA compile" in out and "treemod" in out
 
 
+@contextlib.contextmanager
+def _persistent_cache(directory: Path) -> Iterator[None]:
+    """JAX's persistent compilation cache on in `directory`, keeping every program."""
+    from jax._src import compilation_cache
+
+    names = (
+        "jax_enable_compilation_cache",
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+    )
+    before = {name: getattr(jax.config, name) for name in names}
+    compilation_cache.reset_cache()
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
+def test_same_program_refuses_programs_served_from_a_persistent_cache(tmp_path: Path) -> None:
+    with _default_promotion(), _persistent_cache(tmp_path):
+        same_program.capture_step_modules("mlp8", ["jax"], quick=True)  # fills the cache
+        assert any(tmp_path.iterdir())
+        with pytest.raises(RuntimeError, match=r"jax/mlp8: the first step compiled nothing"):
+            same_program.capture_step_modules("mlp8", ["jax"], quick=True)
+        jax.jit(lambda a: a @ a + 1.0)(jnp.ones((4, 4))).block_until_ready()
+        with pytest.raises(RuntimeError, match="probe computation compiled nothing"):
+            same_program.compile_times({}, rounds=1)
+
+
 def test_same_program_rejects_an_unknown_framework(capsys) -> None:
     with pytest.raises(SystemExit):
         same_program.main(["--frameworks", "jax,pytorch"])
