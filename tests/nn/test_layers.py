@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import treemod as tm
 import treemod.nn as nn
@@ -74,6 +76,38 @@ def test_embedding_from_weight_and_mlp_widths():
     np.testing.assert_array_equal(emb(jnp.array(1)), jnp.array([0.0, 1.0, 0.0]))
     mlp = nn.MLP(2, 1, width_size=[4, 5], depth=2, key=K)
     assert [layer.out_features for layer in mlp.layers] == [4, 5, 1]
+
+
+@pytest.mark.parametrize(
+    ("indices", "bad", "position", "count"),
+    [
+        ([1, 5], 5, "(1,)", "1 of 2"),
+        ([[0, 1], [-1, 7]], -1, "(1, 0)", "2 of 4"),
+        (9, 9, "()", "1 of 1"),
+    ],
+)
+def test_embedding_rejects_an_out_of_range_index_eagerly(indices, bad, position, count):
+    with pytest.raises(IndexError) as err:
+        nn.Embedding(5, 2, key=K)(jnp.array(indices))
+    assert str(err.value) == (
+        f"Embedding: index {bad} at position {position} of `x` is out of range for "
+        f"num_embeddings=5; indices must lie in [0, 5) ({count} are outside)."
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-8, 12), min_size=1, max_size=6))
+def test_embedding_under_jit_gives_nan_rows_and_no_gradient_out_of_range(indices):
+    weight = jnp.arange(10.0).reshape(5, 2)
+    x = jnp.array(indices)
+    inside = [i for i in indices if 0 <= i < 5]
+    table = np.asarray(weight)
+    expected = np.array([table[i] if 0 <= i < 5 else [np.nan, np.nan] for i in indices])
+    out = jax.jit(lambda w, i: nn.Embedding(weight=w)(i))(weight, x)
+    np.testing.assert_array_equal(out, expected)
+    grad = jax.jit(jax.grad(lambda w, i: jnp.nansum(nn.Embedding(weight=w)(i))))(weight, x)
+    counts = np.bincount(np.array(inside, dtype=int), minlength=5).astype(float)
+    np.testing.assert_array_equal(grad, np.repeat(counts[:, None], 2, axis=1))
 
 
 ERRORS = [

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Integer, PRNGKeyArray
 
 from .._module import Module, field
@@ -19,6 +21,12 @@ class Embedding(Module):
 
     The weight is drawn from N(0, 1) like PyTorch, with the key unsplit (it is the only
     parameter). Indices of any shape `(*batch,)` give `(*batch, embedding_size)`.
+
+    Every index must lie in `[0, num_embeddings)`; negative indices do not count from the end.
+    Called eagerly, an index outside that range raises an `IndexError` (as in PyTorch). Inside
+    a transform (`filter_jit`, `filter_grad`, ...) the values are not known while tracing, so
+    an out-of-range index gives a row of NaN instead, which shows up in the loss, and adds
+    nothing to the gradient.
 
     Arguments:
         num_embeddings: number of rows (vocabulary size).
@@ -78,10 +86,25 @@ class Embedding(Module):
 
         Returns:
             `(*x.shape, embedding_size)`.
+
+        Raises:
+            IndexError: called eagerly with an index outside `[0, num_embeddings)`.
         """
         if not jnp.issubdtype(jnp.result_type(x), jnp.integer):
             raise TypeError(
                 f"Embedding: indices must be integers; got dtype {jnp.result_type(x)}. Cast "
                 "them with `.astype(jnp.int32)`."
             )
-        return jnp.take(self.weight, x, axis=0)
+        if not isinstance(x, jax.core.Tracer):
+            self._check_range(np.asarray(x))
+        return self.weight.at[x].get(mode="fill", wrap_negative_indices=False)
+
+    def _check_range(self, x: np.ndarray) -> None:
+        bad = np.argwhere((x < 0) | (x >= self.num_embeddings))
+        if len(bad):
+            where = tuple(int(i) for i in bad[0])
+            raise IndexError(
+                f"Embedding: index {int(x[where])} at position {where} of `x` is out of range "
+                f"for num_embeddings={self.num_embeddings}; indices must lie in "
+                f"[0, {self.num_embeddings}) ({len(bad)} of {x.size} are outside)."
+            )
