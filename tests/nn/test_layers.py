@@ -292,6 +292,67 @@ def test_adaptive_pool_errors_name_the_class(cls):
         getattr(nn, cls)(1)(jnp.ones(3))
 
 
+def test_general_pool_errors_name_the_class_and_the_argument():
+    with pytest.raises(TypeError, match=r"Pool: `init` must be a number .* init=Array\(\[0"):
+        nn.Pool(jnp.zeros(2), jax.lax.add, 1, 2)
+    with pytest.raises(TypeError, match=r"AdaptivePool: `operation` must be a function .*'mean'"):
+        nn.AdaptivePool(2, 1, "mean")
+    pool = nn.AdaptivePool(2, 1, lambda w: w[:2], channels_last=True)
+    with pytest.raises(
+        ValueError,
+        match=r"AdaptivePool\(channels_last=True\): `operation` must reduce a 1-d window to a "
+        r"scalar; on a window of shape \(3,\) it returned shape \(2,\)",
+    ):
+        pool(jnp.ones((5, 4)))
+    with pytest.raises(
+        ValueError,
+        match=r"AdaptiveAvgPool\(channels_last=True\): `x` must have shape \(\*batch, height, "
+        r"width, channels\)",
+    ):
+        nn.AdaptiveAvgPool(1, 2, channels_last=True)(jnp.ones(3))
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=3).flatmap(
+        lambda sizes: st.tuples(st.just(sizes), st.tuples(*(st.integers(1, s + 2) for s in sizes)))
+    ),
+    st.sampled_from(["mean", "max", "sum"]),
+)
+def test_adaptive_pools_channels_last_is_the_transposed_channels_first(shapes, kind):
+    sizes, target = shapes
+    n = len(sizes)
+    x = jax.random.normal(K, (2, 3, *sizes))
+    if kind == "sum":
+        first, last = (nn.AdaptivePool(target, n, jnp.sum, channels_last=c) for c in (False, True))
+    else:
+        cls = nn.AdaptiveAvgPool if kind == "mean" else nn.AdaptiveMaxPool
+        first, last = (cls(target, n, channels_last=c) for c in (False, True))
+    expected = jnp.moveaxis(first(x), 1, -1)
+    np.testing.assert_allclose(last(jnp.moveaxis(x, 1, -1)), expected, rtol=1e-6, atol=1e-6)
+    # Hand-derived check of the general path: sum of each PyTorch window, one axis at a time.
+    if kind == "sum":
+        ref = np.asarray(x, np.float64)
+        for axis, (size, goal) in enumerate(zip(sizes, target, strict=True), start=2):
+            cells = [
+                ref.take(range(i * size // goal, -(-(i + 1) * size // goal)), axis).sum(axis)
+                for i in range(goal)
+            ]
+            ref = np.stack(cells, axis)
+        np.testing.assert_allclose(first(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_general_pools_port_from_equinox():
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    x = jax.random.normal(K, (3, 8, 6))
+    args = (-jnp.inf, jax.lax.max, 2, (3, 2), (2, 1), ((1, 1), (0, 1)))
+    theirs = eqx.nn.Pool(*args, use_ceil=True)
+    np.testing.assert_array_equal(nn.Pool(*args, use_ceil=True)(x), theirs(x))
+    # Equinox's adaptive windows agree with PyTorch's when the target divides the size.
+    theirs = eqx.nn.AdaptivePool((4, 3), 2, jnp.mean)
+    np.testing.assert_allclose(nn.AdaptivePool((4, 3), 2, jnp.mean)(x), theirs(x), rtol=1e-6)
+
+
 def _rope_reference(x, theta=10_000.0):
     """Hand-derived: feature pairs (i, i + d/2) at position p rotate by p * theta^(-2i/d)."""
     x = np.asarray(x, np.float64)

@@ -521,6 +521,40 @@ def test_adaptive_max_pool_gradient_matches_torch():
     close(grad, xt.grad)
 
 
+def _last(x):
+    return jnp.moveaxis(x, 1, -1)
+
+
+@pytest.mark.parametrize("size,target", [((7, 5, 4), (3, 2, 2)), ((4, 6, 3), (4, 7, 5))])
+def test_general_and_channels_last_adaptive_pools_match_torch(size, target):
+    x = rand(7, 2, 3, *size)
+    for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))):
+        xd = x[(..., *cut)] if cut else x
+        goal = target[:d]
+        avg = getattr(torch.nn, f"AdaptiveAvgPool{d}d")
+        big = getattr(torch.nn, f"AdaptiveMaxPool{d}d")
+        mean, top = avg(goal)(t(xd)), big(goal)(t(xd))
+        bottom = -big(goal)(-t(xd))
+        for op, theirs in ((jnp.mean, mean), (jnp.max, top), (jnp.min, bottom)):
+            close(nn.AdaptivePool(goal, d, op)(xd), theirs)
+            pool = nn.AdaptivePool(goal, d, op, channels_last=True)
+            close(pool(_last(xd)), theirs.movedim(1, -1))
+        close(nn.AdaptiveAvgPool(goal, d, channels_last=True)(_last(xd)), mean.movedim(1, -1))
+        close(nn.AdaptiveMaxPool(goal, d, channels_last=True)(_last(xd)), top.movedim(1, -1))
+
+
+def test_general_pool_matches_torch_in_both_layouts():
+    x = rand(8, 2, 3, 9, 8)
+    smallest = nn.Pool(jnp.inf, jax.lax.min, 2, kernel_size=3, stride=2, padding=1, use_ceil=True)
+    theirs = -torch.nn.functional.max_pool2d(-t(x), 3, 2, padding=1, ceil_mode=True)
+    close(smallest(x), theirs)
+    total = nn.Pool(0, jax.lax.add, 2, kernel_size=(3, 2), stride=(2, 1), padding=(1, 0))
+    theirs = torch.nn.functional.avg_pool2d(t(x), (3, 2), (2, 1), padding=(1, 0)) * 6
+    close(total(x), theirs)
+    total = nn.Pool(0, jax.lax.add, 2, (3, 2), (2, 1), (1, 0), channels_last=True)
+    close(total(_last(x)), theirs.movedim(1, -1))
+
+
 @pytest.mark.parametrize("case", TRANSPOSE_CASES[:5], ids=str)
 def test_conv_transpose3d(case):
     _check_conv_transpose(3, case, rand(7, 2, 4, 4, 5, 3))

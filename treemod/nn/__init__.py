@@ -8,12 +8,15 @@ name in `__all__`.
 from . import init
 from ._activations import PReLU
 from ._adaptive_pool import (
+    AdaptiveAvgPool,
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
     AdaptiveAvgPool3d,
+    AdaptiveMaxPool,
     AdaptiveMaxPool1d,
     AdaptiveMaxPool2d,
     AdaptiveMaxPool3d,
+    AdaptivePool,
 )
 from ._attention import MultiheadAttention
 from ._conv import Conv, Conv1d, Conv2d, Conv3d
@@ -33,6 +36,7 @@ from ._pool import (
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
+    Pool,
 )
 from ._rnn import GRUCell, LSTMCell
 from ._rotary import RotaryPositionalEmbedding
@@ -50,12 +54,15 @@ from ._inference import inference_mode
 
 __all__: list[str] = [
     # Layers, initialisers, containers, Stack.
+    "AdaptiveAvgPool",
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
     "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool",
     "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d",
     "AdaptiveMaxPool3d",
+    "AdaptivePool",
     "AvgPool",
     "AvgPool1d",
     "AvgPool2d",
@@ -85,6 +92,7 @@ __all__: list[str] = [
     "MaxPool3d",
     "MultiheadAttention",
     "PReLU",
+    "Pool",
     "RMSNorm",
     "RotaryPositionalEmbedding",
     "Sequential",

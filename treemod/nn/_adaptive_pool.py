@@ -1,29 +1,34 @@
-"""Adaptive pooling: `AdaptiveAvgPool1d/2d/3d` and `AdaptiveMaxPool1d/2d/3d`.
+"""Adaptive pooling: `AdaptivePool`, `AdaptiveAvgPool`, `AdaptiveMaxPool` and their 1/2/3-d forms.
 
 The output has a fixed spatial size whatever the input size; output cell `i` of an axis of
 length `size` pools the input window `[floor(i * size / target), ceil((i + 1) * size / target))`,
-as in PyTorch. Both reductions are separable, so each spatial axis is pooled in turn.
+as in PyTorch. Every reduction here is separable, so each spatial axis is pooled in turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
+from ._layout import image_core, layer_name
 from ._utils import as_tuple
 
 __all__ = [
+    "AdaptiveAvgPool",
     "AdaptiveAvgPool1d",
     "AdaptiveAvgPool2d",
     "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool",
     "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d",
     "AdaptiveMaxPool3d",
+    "AdaptivePool",
 ]
 
 
@@ -32,31 +37,117 @@ def _windows(size: int, target: int) -> list[tuple[int, int]]:
     return [((i * size) // target, -(-((i + 1) * size) // target)) for i in range(target)]
 
 
-class _AdaptivePool(Module):
-    target_shape: tuple[int, ...] = field(static=True)
-    _spatial_dims = 1  # set by each public class
+class AdaptivePool(Module):
+    """N-d pooling to a fixed spatial size with any reduction (Equinox's `nn.AdaptivePool`).
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
+    Each output cell reduces its input window, with PyTorch's adaptive windows, one spatial
+    axis at a time, so `operation` must be separable (a mean, maximum, minimum or sum is).
+    `AdaptiveAvgPool` and `AdaptiveMaxPool` are faster forms for the mean and the maximum.
+
+    Arguments:
+        target_shape: the output's spatial shape, an int or one per spatial dimension.
+        num_spatial_dims: number of spatial dimensions.
+        operation: reduces a 1-d window to a scalar, such as `jnp.mean` or `jnp.min`.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> pool = nn.AdaptivePool(2, num_spatial_dims=1, operation=jnp.min)
+        >>> pool(jnp.array([[3.0, 1.0, 2.0, 0.0, 5.0]]))
+        Array([[1., 0.]], dtype=float32)
+    """
+
+    target_shape: tuple[int, ...] = field(static=True)
+    operation: Callable[[Array], Array] = field(static=True)
+    channels_last: bool = field(static=True)
+
+    def __init__(
+        self,
+        target_shape: int | Sequence[int],
+        num_spatial_dims: int,
+        operation: Callable[[Array], Array],
+        *,
+        channels_last: bool = False,
+    ) -> None:
         name = type(self).__name__
-        self.target_shape = as_tuple(name, "target_shape", target_shape, self._spatial_dims)
+        self.target_shape = as_tuple(name, "target_shape", target_shape, num_spatial_dims)
         if any(t < 1 for t in self.target_shape):
             raise ValueError(f"{name}: `target_shape` must be positive; got {self.target_shape}.")
+        if not callable(operation):
+            raise TypeError(
+                f"{name}: `operation` must be a function reducing a 1-d window to a scalar, "
+                f"such as `jnp.mean`; got {operation!r}."
+            )
+        self.operation = operation
+        self.channels_last = channels_last
 
-    def _apply(self, x: Array) -> Array:
-        n = len(self.target_shape)
-        core = (("channels", None),) + tuple((f"spatial{i}", None) for i in range(n))
-        return batch_apply(type(self).__name__, self._flat, [Core("x", x, core)])
+    def __call__(
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "..."]:
+        """Pool `x` of shape `(*batch, channels, *spatial)`.
+
+        Arguments:
+            x: the input (`(*batch, *spatial, channels)` if `channels_last`).
+            key: ignored.
+
+        Returns:
+            `(*batch, channels, *target_shape)` (channels last if `channels_last`).
+        """
+        core = image_core("channels", None, len(self.target_shape), self.channels_last)
+        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
+        first = 1 if self.channels_last else 2
         for i, target in enumerate(self.target_shape):
-            x = self._pool_axis(x, 2 + i, _windows(x.shape[2 + i], target))
+            axis = first + i
+            x = self._pool_axis(x, axis, _windows(x.shape[axis], target))
         return x
 
     def _pool_axis(self, x: Array, axis: int, windows: list[tuple[int, int]]) -> Array:
-        raise NotImplementedError
+        # Windows of one length are gathered and reduced together; the groups are put back
+        # in window order at the end.
+        lengths = sorted({end - start for start, end in windows})
+        parts, order = [], []
+        for length in lengths:
+            cells = [i for i, (start, end) in enumerate(windows) if end - start == length]
+            index = np.array([[windows[i][0] + j for j in range(length)] for i in cells])
+            gathered = jnp.moveaxis(jnp.take(x, jnp.asarray(index), axis=axis), axis + 1, -1)
+            reduced = jax.vmap(self.operation)(gathered.reshape(-1, length))
+            if reduced.shape != (gathered.size // length,):
+                raise ValueError(
+                    f"{layer_name(self)}: `operation` must reduce a 1-d window to a scalar; "
+                    f"on a window of shape ({length},) it returned shape {reduced.shape[1:]}."
+                )
+            parts.append(reduced.reshape(gathered.shape[:-1]))
+            order += cells
+        y = jnp.concatenate(parts, axis=axis)
+        return y if len(parts) == 1 else jnp.take(y, jnp.asarray(np.argsort(order)), axis=axis)
 
 
-class _AdaptiveAvgPool(_AdaptivePool):
+class AdaptiveAvgPool(AdaptivePool):
+    """N-d average pooling to a fixed spatial size, with PyTorch's adaptive windows.
+
+    Arguments:
+        target_shape: the output's spatial shape, an int or one per spatial dimension.
+        num_spatial_dims: number of spatial dimensions.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> pool = nn.AdaptiveAvgPool(1, num_spatial_dims=2, channels_last=True)
+        >>> pool(jnp.ones((8, 7, 7, 64))).shape
+        (8, 1, 1, 64)
+    """
+
+    def __init__(
+        self,
+        target_shape: int | Sequence[int],
+        num_spatial_dims: int,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(target_shape, num_spatial_dims, jnp.mean, channels_last=channels_last)
+
     def _pool_axis(self, x: Array, axis: int, windows: list[tuple[int, int]]) -> Array:
         # One matmul per axis with a (target, size) averaging matrix.
         m = np.zeros((len(windows), x.shape[axis]))
@@ -66,7 +157,30 @@ class _AdaptiveAvgPool(_AdaptivePool):
         return jnp.moveaxis(y, -1, axis)
 
 
-class _AdaptiveMaxPool(_AdaptivePool):
+class AdaptiveMaxPool(AdaptivePool):
+    """N-d max pooling to a fixed spatial size, with PyTorch's adaptive windows.
+
+    Arguments:
+        target_shape: the output's spatial shape, an int or one per spatial dimension.
+        num_spatial_dims: number of spatial dimensions.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> pool = nn.AdaptiveMaxPool((2, 3), num_spatial_dims=2, channels_last=True)
+        >>> pool(jnp.ones((8, 7, 9, 16))).shape
+        (8, 2, 3, 16)
+    """
+
+    def __init__(
+        self,
+        target_shape: int | Sequence[int],
+        num_spatial_dims: int,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(target_shape, num_spatial_dims, jnp.max, channels_last=channels_last)
+
     def _pool_axis(self, x: Array, axis: int, windows: list[tuple[int, int]]) -> Array:
         # Gather every window padded to the longest by repeating its last index (which leaves
         # the maximum unchanged), then reduce.
@@ -76,7 +190,7 @@ class _AdaptiveMaxPool(_AdaptivePool):
         return gathered.max(axis=axis + 1)
 
 
-class AdaptiveAvgPool1d(_AdaptiveAvgPool):
+class AdaptiveAvgPool1d(AdaptiveAvgPool):
     """Average pooling to a fixed output length, with PyTorch's adaptive windows.
 
     Arguments:
@@ -88,14 +202,17 @@ class AdaptiveAvgPool1d(_AdaptiveAvgPool):
         Array([[1., 4.]], dtype=float32)
     """
 
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 1)
+
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels target"]:
         """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
-        return self._apply(x)
+        return super().__call__(x)
 
 
-class AdaptiveAvgPool2d(_AdaptiveAvgPool):
+class AdaptiveAvgPool2d(AdaptiveAvgPool):
     """Average pooling to a fixed output size `(height, width)`, with PyTorch's adaptive windows.
 
     Arguments:
@@ -107,7 +224,8 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPool):
         (8, 64, 1, 1)
     """
 
-    _spatial_dims = 2
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 2)
 
     def __call__(
         self,
@@ -116,10 +234,10 @@ class AdaptiveAvgPool2d(_AdaptiveAvgPool):
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, height, width)`."""
-        return self._apply(x)
+        return super().__call__(x)
 
 
-class AdaptiveAvgPool3d(_AdaptiveAvgPool):
+class AdaptiveAvgPool3d(AdaptiveAvgPool):
     """Average pooling to a fixed `(depth, height, width)`, with PyTorch's adaptive windows.
 
     Arguments:
@@ -131,7 +249,8 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPool):
         (4, 2, 2, 2)
     """
 
-    _spatial_dims = 3
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 3)
 
     def __call__(
         self,
@@ -140,10 +259,10 @@ class AdaptiveAvgPool3d(_AdaptiveAvgPool):
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_depth target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
-        return self._apply(x)
+        return super().__call__(x)
 
 
-class AdaptiveMaxPool1d(_AdaptiveMaxPool):
+class AdaptiveMaxPool1d(AdaptiveMaxPool):
     """Max pooling to a fixed output length, with PyTorch's adaptive windows.
 
     Arguments:
@@ -155,14 +274,17 @@ class AdaptiveMaxPool1d(_AdaptiveMaxPool):
         Array([[3., 5.]], dtype=float32)
     """
 
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 1)
+
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels target"]:
         """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
-        return self._apply(x)
+        return super().__call__(x)
 
 
-class AdaptiveMaxPool2d(_AdaptiveMaxPool):
+class AdaptiveMaxPool2d(AdaptiveMaxPool):
     """Max pooling to a fixed output size `(height, width)`, with PyTorch's adaptive windows.
 
     Arguments:
@@ -174,7 +296,8 @@ class AdaptiveMaxPool2d(_AdaptiveMaxPool):
         (8, 16, 2, 3)
     """
 
-    _spatial_dims = 2
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 2)
 
     def __call__(
         self,
@@ -183,10 +306,10 @@ class AdaptiveMaxPool2d(_AdaptiveMaxPool):
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, height, width)`."""
-        return self._apply(x)
+        return super().__call__(x)
 
 
-class AdaptiveMaxPool3d(_AdaptiveMaxPool):
+class AdaptiveMaxPool3d(AdaptiveMaxPool):
     """Max pooling to a fixed `(depth, height, width)`, with PyTorch's adaptive windows.
 
     Arguments:
@@ -198,7 +321,8 @@ class AdaptiveMaxPool3d(_AdaptiveMaxPool):
         (4, 1, 1, 1)
     """
 
-    _spatial_dims = 3
+    def __init__(self, target_shape: int | Sequence[int]) -> None:
+        super().__init__(target_shape, 3)
 
     def __call__(
         self,
@@ -207,4 +331,4 @@ class AdaptiveMaxPool3d(_AdaptiveMaxPool):
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_depth target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
-        return self._apply(x)
+        return super().__call__(x)

@@ -1,9 +1,9 @@
-"""Window pooling: `MaxPool1d/2d/3d`, `AvgPool1d/2d/3d` and the N-d `MaxPool`, `AvgPool`."""
+"""Window pooling: the general `Pool`, the N-d `MaxPool`, `AvgPool` and their 1/2/3-d forms."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,6 +25,7 @@ __all__ = [
     "MaxPool1d",
     "MaxPool2d",
     "MaxPool3d",
+    "Pool",
 ]
 
 
@@ -39,7 +40,34 @@ def _pool_padding(owner: str, padding: Any, n: int) -> tuple[tuple[int, int], ..
     return tuple((p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in padding)
 
 
-class _Pool(Module):
+class Pool(Module):
+    """N-d window pooling with any reduction (Equinox's `nn.Pool`).
+
+    Each output cell folds `operation` over its window, starting from `init`; padding counts
+    as `init`. `MaxPool` is `Pool(-inf, lax.max, ...)`; `AvgPool` divides a sum by the
+    window size.
+
+    Arguments:
+        init: the reduction's starting value (its identity, such as `0` for `lax.add`).
+        operation: a binary, associative JAX function, such as `lax.max`, `lax.min` or
+            `lax.add`.
+        num_spatial_dims: number of spatial dimensions.
+        kernel_size: window size, an int or one per spatial dimension.
+        stride: window step, an int or one per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        use_ceil: round the output size up instead of down.
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> from jax import lax
+        >>> pool = nn.Pool(jnp.inf, lax.min, 1, kernel_size=2, stride=2)
+        >>> pool(jnp.array([[3.0, 1.0, 2.0, 0.0]]))
+        Array([[1., 0.]], dtype=float32)
+    """
+
+    init: float = field(static=True)
+    operation: Callable[[Array, Array], Array] = field(static=True)
     num_spatial_dims: int = field(static=True)
     kernel_size: tuple[int, ...] = field(static=True)
     stride: tuple[int, ...] = field(static=True)
@@ -49,6 +77,8 @@ class _Pool(Module):
 
     def __init__(
         self,
+        init: float | Array,
+        operation: Callable[[Array, Array], Array],
         num_spatial_dims: int,
         kernel_size: int | Sequence[int],
         stride: int | Sequence[int] = 1,
@@ -58,7 +88,14 @@ class _Pool(Module):
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
+        if np.ndim(init) != 0 or not callable(operation):
+            raise TypeError(
+                f"{name}: `init` must be a number and `operation` a binary function such as "
+                f"`lax.max`; got init={init!r}, operation={operation!r}."
+            )
         n = num_spatial_dims
+        self.init = np.asarray(init).item()  # a Python number: static, and hashable
+        self.operation = operation
         self.num_spatial_dims = n
         self.channels_last = channels_last
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
@@ -97,14 +134,14 @@ class _Pool(Module):
         """Per-axis window sizes (or strides) of a batched input, from the spatial ones."""
         return (1, *sizes, 1) if self.channels_last else (1, 1, *sizes)
 
-    def _reduce(self, x: Array, init: Any, op: Any) -> tuple[Array, list, list]:
+    def _reduce(self, x: Array) -> tuple[Array, list, list]:
         last = self.channels_last
         pads, extra = self._pads(spatial_shape(x, self.num_spatial_dims, last))
         full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
         y = lax.reduce_window(
             x,
-            np.asarray(init, dtype=x.dtype),  # concrete, so JAX picks the differentiable monoid
-            op,
+            np.asarray(self.init, dtype=x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
+            self.operation,
             self._window(self.kernel_size),
             self._window(self.stride),
             full,
@@ -127,10 +164,10 @@ class _Pool(Module):
         return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
     def _flat(self, x: Array) -> Array:
-        raise NotImplementedError
+        return self._reduce(x)[0]
 
 
-class MaxPool(_Pool):
+class MaxPool(Pool):
     """N-d max pooling over `(*batch, channels, *spatial)` (Equinox's `nn.MaxPool`).
 
     As in Equinox, `stride` defaults to 1 (PyTorch defaults it to the kernel size). Padding
@@ -153,11 +190,29 @@ class MaxPool(_Pool):
         (16, 14, 14, 3)
     """
 
-    def _flat(self, x: Array) -> Array:
-        return self._reduce(x, -jnp.inf, lax.max)[0]
+    def __init__(
+        self,
+        num_spatial_dims: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            -jnp.inf,
+            lax.max,
+            num_spatial_dims,
+            kernel_size,
+            stride,
+            padding,
+            use_ceil,
+            channels_last=channels_last,
+        )
 
 
-class AvgPool(_Pool):
+class AvgPool(Pool):
     """N-d average pooling over `(*batch, channels, *spatial)` (Equinox's `nn.AvgPool`).
 
     `stride` defaults to 1 as in Equinox. Zero padding is counted in the average (PyTorch's
@@ -178,8 +233,29 @@ class AvgPool(_Pool):
         Array([[0.5, 2.5, 4.5, 6.5]], dtype=float32)
     """
 
+    def __init__(
+        self,
+        num_spatial_dims: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            0.0,
+            lax.add,
+            num_spatial_dims,
+            kernel_size,
+            stride,
+            padding,
+            use_ceil,
+            channels_last=channels_last,
+        )
+
     def _flat(self, x: Array) -> Array:
-        y, pads, extra = self._reduce(x, 0, lax.add)
+        y, pads, extra = self._reduce(x)
         if not any(extra):
             return y / math.prod(self.kernel_size)
         spatial = spatial_shape(x, self.num_spatial_dims, self.channels_last)
