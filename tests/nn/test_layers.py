@@ -199,6 +199,17 @@ ERRORS = [
         ValueError,
         "GroupNorm: `x` must have shape",
     ),
+    (
+        lambda: nn.ConvTranspose(1, 2, 2, 3, padding_mode="reflect", key=K),
+        ValueError,
+        r"ConvTranspose: `padding_mode` must be 'ZEROS' or 'CIRCULAR'; got 'reflect'",
+    ),
+    (
+        lambda: nn.ConvTranspose(1, 2, 2, 3, 2, padding=((5, 4),), key=K)(jnp.ones((2, 3))),
+        ValueError,
+        r"ConvTranspose: padding \(\(5, 4\),\) crops the whole output of spatial dim 0 "
+        r"\(length 7 before cropping\)",
+    ),
     (lambda: nn.Dropout(1.5), ValueError, r"Dropout: `p` must be in \[0, 1\]"),
     (lambda: nn.Dropout(0.5)(jnp.ones(2)), RuntimeError, "Dropout needs a `key` in training mode"),
     (
@@ -391,6 +402,54 @@ def test_conv_transpose_padding_matches_equinox(padding, kernel_size, stride):
     theirs = eqx.nn.ConvTranspose(2, 3, 4, kernel_size, stride, padding, key=key)
     ours = nn.ConvTranspose(2, 3, 4, kernel_size, stride, padding, key=key)
     # Equinox convolves with its kernel as stored; treemod flips it, as PyTorch does.
+    ours = tm.tree_at(lambda m: m.weight, ours, theirs.weight[:, :, ::-1, ::-1])
+    ours = tm.tree_at(lambda m: m.bias, ours, theirs.bias.reshape(-1))
+    x = jax.random.normal(key, (3, 5, 6))
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from(["ZEROS", "CIRCULAR"]),
+    st.sampled_from(["SAME", "SAME_LOWER", "explicit"]),
+    st.integers(1, 5),  # kernel size
+    st.integers(1, 3),  # stride
+    st.integers(1, 2),  # dilation
+    st.integers(0, 4),  # explicit low padding
+    st.booleans(),  # channels last
+)
+def test_conv_transpose_is_the_transpose_of_conv(mode, padding, k, s, d, low, last):
+    """Law: a transposed convolution is the VJP of the convolution with the same padding."""
+    if padding == "explicit":
+        padding = ((low, max(0, low - 1)),)
+    opts = {"dilation": d, "padding_mode": mode, "channels_last": last, "key": K}
+    ours = nn.ConvTranspose(1, 3, 2, k, s, padding, **opts)
+    z = jax.random.normal(jax.random.key(1), (4, 3) if last else (3, 4))
+    try:
+        y = ours(z)
+    except ValueError as err:  # the padding crops the whole output
+        assert (
+            "ConvTranspose(channels_last=True)" in str(err) if last else "ConvTranspose" in str(err)
+        )
+        assert "crops the whole output" in str(err)
+        return
+    y = y - (ours.bias[None, :] if last else ours.bias[:, None])
+    conv = nn.Conv(1, 2, 3, k, s, padding, use_bias=False, **opts)
+    weight = ours.weight.swapaxes(-1, -2) if last else ours.weight.swapaxes(0, 1)
+    conv = tm.tree_at(lambda m: m.weight, conv, weight)
+    out, vjp = jax.vjp(conv, jnp.zeros_like(y))
+    assert out.shape == z.shape
+    np.testing.assert_allclose(vjp(z)[0], y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("padding", ["SAME", "SAME_LOWER"])
+@pytest.mark.parametrize("kernel_size,stride", [(3, 2), (4, 1)])
+def test_circular_conv_transpose_matches_equinox(padding, kernel_size, stride):
+    eqx = pytest.importorskip("equinox", reason="Equinox is not installed (a peer, optional)")
+    key = jax.random.key(4)
+    args = (2, 3, 4, kernel_size, stride, padding)
+    theirs = eqx.nn.ConvTranspose(*args, padding_mode="CIRCULAR", key=key)
+    ours = nn.ConvTranspose(*args, padding_mode="CIRCULAR", key=key)
     ours = tm.tree_at(lambda m: m.weight, ours, theirs.weight[:, :, ::-1, ::-1])
     ours = tm.tree_at(lambda m: m.bias, ours, theirs.bias.reshape(-1))
     x = jax.random.normal(key, (3, 5, 6))

@@ -20,6 +20,7 @@ from ._layout import (
     kernel_spatial_axes,
     layer_name,
     per_channel,
+    spatial_shape,
 )
 from ._utils import as_tuple
 
@@ -53,6 +54,9 @@ class ConvTranspose(Module):
         dilation: an int or one per spatial dimension.
         groups: number of channel groups.
         use_bias: whether to add a bias.
+        padding_mode: `"ZEROS"`, or `"CIRCULAR"`: the transpose of a `Conv` with circular
+            padding, whose output wraps around (what falls off one end is added to the other).
+            `"REFLECT"` and `"REPLICATE"` have no transpose here.
         dtype: parameter dtype.
         weight_init: weight initialiser.
         bias_init: bias initialiser.
@@ -79,6 +83,7 @@ class ConvTranspose(Module):
     dilation: tuple[int, ...] = field(static=True)
     groups: int = field(static=True)
     use_bias: bool = field(static=True)
+    padding_mode: str = field(static=True)
     channels_last: bool = field(static=True)
 
     def __init__(
@@ -93,6 +98,7 @@ class ConvTranspose(Module):
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
+        padding_mode: str = "ZEROS",
         dtype: Any = None,
         *,
         weight_init: _init.Initializer | None = None,
@@ -119,6 +125,12 @@ class ConvTranspose(Module):
                     f"{name}: `output_padding` {self.output_padding} must be smaller than the "
                     f"stride {self.stride} or the dilation {self.dilation}."
                 )
+        if padding_mode.upper() not in ("ZEROS", "CIRCULAR"):
+            raise ValueError(
+                f"{name}: `padding_mode` must be 'ZEROS' or 'CIRCULAR'; got {padding_mode!r} "
+                "(reflect and replicate padding have no transposed convolution here)."
+            )
+        self.padding_mode = padding_mode.upper()
         if isinstance(self.padding, str) and any(self.output_padding):
             raise ValueError(
                 f"{name}: `output_padding` {self.output_padding} applies to explicit padding "
@@ -155,31 +167,48 @@ class ConvTranspose(Module):
         )
         return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
 
-    def _conv_padding(self) -> tuple[tuple[int, int], ...]:
-        """The padding of the dilated input that the transposed convolution runs as.
+    def _crops(self) -> list[tuple[int, int, int]]:
+        """Per spatial dim: `(low, high, extra)`, what to crop from each end of the full output
+        (the transposed convolution without padding) and what to add at its high end.
 
-        Explicit `(low, high)` padding crops the full output (no padding) by `low` and `high`,
-        and `output_padding` adds to its high end. `"SAME"` crops the full output to `stride`
-        times the input size (half of the excess from each end, the odd one from the high end;
-        from the low end for `"SAME_LOWER"`), or pads its high end when it is shorter.
+        Explicit `(low, high)` padding crops by `low` and `high`, and `output_padding` is the
+        extra. `"SAME"` crops the full output to `stride` times the input size (half of the
+        excess from each end, the odd one from the high end; from the low end for
+        `"SAME_LOWER"`), or extends its high end when it is shorter.
         """
-        pads = []
+        crops = []
         sizes = zip(self.kernel_size, self.stride, self.dilation, strict=True)
         for i, (k, s, d) in enumerate(sizes):
-            span = d * (k - 1)
             if isinstance(self.padding, str):  # the full output is (L - 1) * s + span + 1
-                excess = span + 1 - s
+                excess = d * (k - 1) + 1 - s
                 crop = max(excess, 0)
                 lo = (crop + (self.padding == "SAME_LOWER")) // 2
-                hi, extra = crop - lo, max(-excess, 0)
+                crops.append((lo, crop - lo, max(-excess, 0)))
             else:
                 (lo, hi), extra = self.padding[i], self.output_padding[i]
-            pads.append((span - lo, span - hi + extra))
-        return tuple(pads)
+                crops.append((lo, hi, extra))
+        return crops
 
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last
-        padding = self._conv_padding()
+        crops = self._crops()
+        circular = self.padding_mode == "CIRCULAR"
+        spans = [d * (k - 1) for k, d in zip(self.kernel_size, self.dilation, strict=True)]
+        sizes = zip(spatial_shape(x, n, last), self.stride, spans, crops, strict=True)
+        for i, (length, s, span, (lo, hi, extra)) in enumerate(sizes):
+            full = (length - 1) * s + span + 1 + extra
+            if full - lo - hi < 1:
+                raise ValueError(
+                    f"{layer_name(self)}: padding {self.padding} crops the whole output of "
+                    f"spatial dim {i} (length {full} before cropping); give less padding or a "
+                    "larger input."
+                )
+        # The transposed convolution runs as a convolution of the dilated input, padded by
+        # `span` less the crops (circular: no crop; the overhang is folded back below).
+        padding = [
+            (span, span + extra) if circular else (span - lo, span - hi + extra)
+            for span, (lo, hi, extra) in zip(spans, crops, strict=True)
+        ]
         w = jnp.flip(self.weight, axis=kernel_spatial_axes(n, last))
         y = lax.conv_general_dilated(
             x,
@@ -191,9 +220,30 @@ class ConvTranspose(Module):
             feature_group_count=self.groups,
             dimension_numbers=conv_dimension_numbers(n, last),
         )
+        if circular:
+            for i, (lo, hi, _) in enumerate(crops):
+                axis = 1 + i if last else 2 + i
+                y = _wrap(y, axis, lo, y.shape[axis] - lo - hi)
         if self.bias is not None:
             y = y + per_channel(self.bias, n, last)
         return y
+
+
+def _wrap(y: Array, axis: int, low: int, size: int) -> Array:
+    """Fold `y` along `axis` onto `size` entries: entry `j` of `y` adds to `(j - low) % size`.
+
+    This is the transpose of circular padding by `low` in front and the rest behind."""
+    total, out, start = y.shape[axis], None, 0
+    while start < total:
+        at = (start - low) % size
+        stop = min(total, start + size - at)
+        pads = [(0, 0, 0)] * y.ndim
+        pads[axis] = (at, size - at - (stop - start), 0)
+        piece = lax.pad(lax.slice_in_dim(y, start, stop, axis=axis), jnp.zeros((), y.dtype), pads)
+        out = piece if out is None else out + piece
+        start = stop
+    assert out is not None
+    return out
 
 
 class ConvTranspose1d(ConvTranspose):
@@ -217,6 +267,7 @@ class ConvTranspose1d(ConvTranspose):
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
+        padding_mode: str = "ZEROS",
         dtype: Any = None,
         *,
         weight_init: _init.Initializer | None = None,
@@ -234,6 +285,7 @@ class ConvTranspose1d(ConvTranspose):
             dilation,
             groups,
             use_bias,
+            padding_mode,
             dtype,
             weight_init=weight_init,
             bias_init=bias_init,
@@ -270,6 +322,7 @@ class ConvTranspose2d(ConvTranspose):
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
+        padding_mode: str = "ZEROS",
         dtype: Any = None,
         *,
         weight_init: _init.Initializer | None = None,
@@ -287,6 +340,7 @@ class ConvTranspose2d(ConvTranspose):
             dilation,
             groups,
             use_bias,
+            padding_mode,
             dtype,
             weight_init=weight_init,
             bias_init=bias_init,
@@ -326,6 +380,7 @@ class ConvTranspose3d(ConvTranspose):
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
+        padding_mode: str = "ZEROS",
         dtype: Any = None,
         *,
         weight_init: _init.Initializer | None = None,
@@ -343,6 +398,7 @@ class ConvTranspose3d(ConvTranspose):
             dilation,
             groups,
             use_bias,
+            padding_mode,
             dtype,
             weight_init=weight_init,
             bias_init=bias_init,
