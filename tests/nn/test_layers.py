@@ -185,7 +185,8 @@ ERRORS = [
     (
         lambda: nn.AvgPool1d(5)(jnp.ones((1, 3))),
         ValueError,
-        "AvgPool1d: the padded input size 3 is smaller than the kernel size 5",
+        r"AvgPool1d: the padded input size 3 is smaller than the window, 5 wide "
+        r"\(kernel size \(5,\)",
     ),
     (
         lambda: nn.LayerNorm(4)(jnp.ones((2, 5))),

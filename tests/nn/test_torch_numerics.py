@@ -242,12 +242,13 @@ POOL_CASES = [
 
 
 def _torch_pool_kwargs(case):
-    return dict(
+    kwargs = dict(
         kernel_size=case["kernel_size"],
         stride=case["stride"],
         padding=case.get("padding", 0),
         ceil_mode=case.get("use_ceil", False),
     )
+    return kwargs | ({"dilation": case["dilation"]} if "dilation" in case else {})
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=str)
@@ -262,6 +263,25 @@ def test_pools_1d(case):
     x = rand(2, 2, 3, 11)
     close(nn.MaxPool1d(**case)(x), torch.nn.MaxPool1d(**_torch_pool_kwargs(case))(t(x)))
     close(nn.AvgPool1d(**case)(x), torch.nn.AvgPool1d(**_torch_pool_kwargs(case))(t(x)))
+
+
+DILATED_POOL_CASES = [
+    {"kernel_size": 3, "stride": 2, "dilation": 2},
+    {"kernel_size": (2, 3), "stride": 1, "padding": 1, "dilation": (3, 1)},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, "use_ceil": True},
+]
+
+
+@pytest.mark.parametrize("case", DILATED_POOL_CASES, ids=str)
+def test_dilated_max_pools(case):
+    x = rand(3, 2, 3, 11, 10)
+    theirs = torch.nn.MaxPool2d(**_torch_pool_kwargs(case))(t(x))
+    close(nn.MaxPool2d(**case)(x), theirs)
+    close(nn.MaxPool(2, **case, channels_last=True)(jnp.moveaxis(x, 1, -1)), theirs.movedim(1, -1))
+    one = {k: v if isinstance(v, int) else v[0] for k, v in case.items()}
+    close(
+        nn.MaxPool1d(**one)(x[..., 0]), torch.nn.MaxPool1d(**_torch_pool_kwargs(one))(t(x[..., 0]))
+    )
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,7 @@ class Pool(Module):
         stride: window step, an int or one per spatial dimension.
         padding: an int, or one int or `(low, high)` pair per spatial dimension.
         use_ceil: round the output size up instead of down.
+        dilation: spacing between the window's elements, an int or one per spatial dimension.
         channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
@@ -73,6 +74,7 @@ class Pool(Module):
     stride: tuple[int, ...] = field(static=True)
     padding: tuple[tuple[int, int], ...] = field(static=True)
     use_ceil: bool = field(static=True)
+    dilation: tuple[int, ...] = field(static=True)
     channels_last: bool = field(static=True)
 
     def __init__(
@@ -85,6 +87,7 @@ class Pool(Module):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
         *,
+        dilation: int | Sequence[int] = 1,
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
@@ -100,6 +103,7 @@ class Pool(Module):
         self.channels_last = channels_last
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
         self.stride = as_tuple(name, "stride", stride, n)
+        self.dilation = as_tuple(name, "dilation", dilation, n)
         self.padding = _pool_padding(name, padding, n)
         self.use_ceil = use_ceil
         for k, (lo, hi) in zip(self.kernel_size, self.padding, strict=True):
@@ -112,14 +116,15 @@ class Pool(Module):
     def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
         """Explicit padding per spatial dim, and the extra high padding that ceil mode adds."""
         pads, extra = [], []
-        for size, k, s, (lo, hi) in zip(
-            spatial, self.kernel_size, self.stride, self.padding, strict=True
-        ):
+        windows = zip(self.kernel_size, self.dilation, strict=True)
+        spans = [d * (k - 1) + 1 for k, d in windows]  # a dilated window's extent
+        for size, k, s, (lo, hi) in zip(spatial, spans, self.stride, self.padding, strict=True):
             total = size + lo + hi
             if total < k:
                 raise ValueError(
-                    f"{type(self).__name__}: the padded input size {total} is smaller than the "
-                    f"kernel size {k}."
+                    f"{layer_name(self)}: the padded input size {total} is smaller than the "
+                    f"window, {k} wide (kernel size {self.kernel_size}, dilation "
+                    f"{self.dilation})."
                 )
             out = (total - k) // s + 1
             if self.use_ceil:
@@ -145,6 +150,7 @@ class Pool(Module):
             self._window(self.kernel_size),
             self._window(self.stride),
             full,
+            window_dilation=self._window(self.dilation),
         )
         return y, pads, extra
 
@@ -179,6 +185,7 @@ class MaxPool(Pool):
         stride: window step, an int or one per spatial dimension.
         padding: an int, or one int or `(low, high)` pair per spatial dimension.
         use_ceil: round the output size up instead of down.
+        dilation: spacing between the window's elements (PyTorch's `dilation`).
         channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
@@ -198,6 +205,7 @@ class MaxPool(Pool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
         *,
+        dilation: int | Sequence[int] = 1,
         channels_last: bool = False,
     ) -> None:
         super().__init__(
@@ -208,6 +216,7 @@ class MaxPool(Pool):
             stride,
             padding,
             use_ceil,
+            dilation=dilation,
             channels_last=channels_last,
         )
 
@@ -287,8 +296,10 @@ class MaxPool1d(MaxPool):
         stride: int | Sequence[int] = 1,
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(1, kernel_size, stride, padding, use_ceil, dilation=dilation)
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -312,8 +323,10 @@ class MaxPool2d(MaxPool):
         stride: int | Sequence[int] = 1,
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(2, kernel_size, stride, padding, use_ceil, dilation=dilation)
 
     def __call__(
         self,
@@ -340,8 +353,10 @@ class MaxPool3d(MaxPool):
         stride: int | Sequence[int] = 1,
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
     ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(3, kernel_size, stride, padding, use_ceil, dilation=dilation)
 
     def __call__(
         self,
@@ -369,7 +384,7 @@ class AvgPool1d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(1, kernel_size, stride, padding, use_ceil)
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -394,7 +409,7 @@ class AvgPool2d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(2, kernel_size, stride, padding, use_ceil)
 
     def __call__(
         self,
@@ -422,7 +437,7 @@ class AvgPool3d(AvgPool):
         padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
         use_ceil: bool = False,
     ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil, channels_last=False)  # type: ignore[arg-type]
+        super().__init__(3, kernel_size, stride, padding, use_ceil)
 
     def __call__(
         self,
