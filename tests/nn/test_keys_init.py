@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import treemod as tm
 import treemod.nn as nn
@@ -119,6 +121,47 @@ def test_initialiser_statistics(fn, std):
     n = w.size
     assert abs(w.mean()) < 5 * std / math.sqrt(n)
     assert abs(w.std() - std) < 0.01 * std
+
+
+_DIRECT_DRAWS = [
+    # (initialiser, plain JAX drawing `shape` directly with the same law)
+    (init.uniform(-0.3, 0.5), lambda k, s: jax.random.uniform(k, s, jnp.float32, -0.3, 0.5)),
+    (init.normal(0.02, 1.0), lambda k, s: jax.random.normal(k, s) * 0.02 + 1.0),
+    (init.truncated_normal(0.5), lambda k, s: jax.random.truncated_normal(k, -2.0, 2.0, s) * 0.5),
+    (
+        init.variance_scaling(1.0, "fan_in", "uniform"),
+        lambda k, s: jax.random.uniform(
+            k, s, jnp.float32, -math.sqrt(3 / init.fans(s)[0]), math.sqrt(3 / init.fans(s)[0])
+        ),
+    ),
+    (
+        init.variance_scaling(2.0, "fan_out", "normal"),
+        lambda k, s: jax.random.normal(k, s) * math.sqrt(2 / init.fans(s)[1]),
+    ),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple),
+    which=st.integers(0, len(_DIRECT_DRAWS) - 1),
+    seed=st.integers(0, 2**31 - 1),
+    partitionable=st.booleans(),
+)
+def test_initialisers_draw_the_numbers_of_a_direct_draw(shape, which, seed, partitionable):
+    """Initialisers draw a flat vector and reshape it (it compiles faster inside jit); the
+    numbers are those plain JAX draws for the whole shape, eagerly and under jit."""
+    ours, direct = _DIRECT_DRAWS[which]
+    key = jax.random.key(seed)
+    previous = jax.config.jax_threefry_partitionable
+    jax.config.update("jax_threefry_partitionable", partitionable)
+    try:
+        expected = np.asarray(direct(key, shape))
+        np.testing.assert_allclose(np.asarray(ours(key, shape)), expected, rtol=1e-6, atol=1e-7)
+        jitted = jax.jit(lambda k: ours(k, shape))(key)
+        np.testing.assert_allclose(np.asarray(jitted), expected, rtol=1e-6, atol=1e-7)
+    finally:
+        jax.config.update("jax_threefry_partitionable", previous)
 
 
 def test_uniform_and_truncated_bounds():

@@ -59,6 +59,17 @@ def _check_float(name: str, dtype: DType) -> None:
         raise TypeError(f"init.{name}: dtype must be a floating dtype, got {jnp.dtype(dtype)}.")
 
 
+def _draw(sample: Callable[[tuple[int, ...]], Array], shape: Sequence[int]) -> Array:
+    """`sample(shape)`, drawn as one flat vector and reshaped.
+
+    JAX's random numbers depend only on the flat index, so the values are those of drawing
+    `shape` directly; but inside `jit` a 1-d draw compiles faster, and transposing it (as
+    channels-last layers do with their kernels) costs no extra compile time.
+    """
+    shape = tuple(shape)
+    return sample((math.prod(shape),)).reshape(shape)
+
+
 def zeros(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
     """All zeros (the key is ignored).
 
@@ -114,7 +125,7 @@ def normal(stddev: float = 1.0, mean: float = 0.0) -> Initializer:
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
         _check_float("normal", dtype)
-        x = jax.random.normal(key, tuple(shape), jnp.float32) * stddev + mean
+        x = _draw(lambda s: jax.random.normal(key, s, jnp.float32), shape) * stddev + mean
         return x.astype(dtype)
 
     return init
@@ -143,7 +154,7 @@ def truncated_normal(
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
         _check_float("truncated_normal", dtype)
-        x = jax.random.truncated_normal(key, lower, upper, tuple(shape), jnp.float32)
+        x = _draw(lambda s: jax.random.truncated_normal(key, lower, upper, s, jnp.float32), shape)
         return (x * stddev + mean).astype(dtype)
 
     return init
@@ -165,7 +176,7 @@ def uniform(minval: float = 0.0, maxval: float = 1.0) -> Initializer:
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
         _check_float("uniform", dtype)
-        x = jax.random.uniform(key, tuple(shape), jnp.float32, minval, maxval)
+        x = _draw(lambda s: jax.random.uniform(key, s, jnp.float32, minval, maxval), shape)
         return x.astype(dtype)
 
     return init
@@ -240,12 +251,13 @@ def variance_scaling(
         shape = tuple(shape)
         if distribution == "uniform":
             bound = math.sqrt(3.0 * variance)
-            x = jax.random.uniform(key, shape, jnp.float32, -bound, bound)
+            x = _draw(lambda s: jax.random.uniform(key, s, jnp.float32, -bound, bound), shape)
         elif distribution == "normal":
-            x = jax.random.normal(key, shape, jnp.float32) * math.sqrt(variance)
+            x = _draw(lambda s: jax.random.normal(key, s, jnp.float32), shape) * math.sqrt(variance)
         else:
             std = math.sqrt(variance) / 0.87962566103423978
-            x = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * std
+            x = _draw(lambda s: jax.random.truncated_normal(key, -2.0, 2.0, s, jnp.float32), shape)
+            x = x * std
         return x.astype(dtype)
 
     return init
