@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     records.sort(key=lambda r: r["process"])
     bar.close()
     meta["completed_processes"] = done
-    meta["duration_s"] = time.perf_counter() - t0
+    # A resumed run adds its time to that of the runs before (not the pause between them).
+    meta["duration_s"] = meta.get("duration_s", 0.0) + time.perf_counter() - t0
     meta["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     meta["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     data = _assemble(meta, status, specs, names, frameworks, records)
@@ -384,6 +385,7 @@ def resumed(
         "machine": meta["machine"],
     }
     kept = {**meta, "started": before["started"], "machine": before["machine"]}
+    kept["duration_s"] = before.get("duration_s", 0.0)
     kept["resumed"] = [*before.get("resumed", []), resumption]
     return kept, old["records"]
 

@@ -519,6 +519,7 @@ def test_quick_run_with_treemod_and_plain_jax(tmp_path: Path) -> None:
 
     # An interrupted run: treemod's process is missing. --resume runs only that one.
     data["records"] = [r for r in data["records"] if r["framework"] == "jax"]
+    data["meta"]["duration_s"] = 1000.0  # the time the interrupted part ran
     (tmp_path / "results.json").write_text(json.dumps(data))
     proc = subprocess.run(
         [*cmd, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
@@ -531,6 +532,7 @@ def test_quick_run_with_treemod_and_plain_jax(tmp_path: Path) -> None:
     assert again["meta"]["started"] == data["meta"]["started"]
     assert [r["kept_processes"] for r in again["meta"]["resumed"]] == [1]
     assert again["meta"]["completed_processes"] == 2
+    assert 1000.0 < again["meta"]["duration_s"] < 1000.0 + 600  # both parts' running time
 
 
 def test_resume_refuses_a_run_with_other_options(tmp_path: Path, capsys) -> None:
