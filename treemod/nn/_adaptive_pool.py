@@ -15,8 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
-from ._batching import Core, batch_apply
-from ._layout import image_core, layer_name
+from ._layout import apply_image_layer, layer_name
 from ._utils import as_tuple
 
 __all__ = [
@@ -93,8 +92,7 @@ class AdaptivePool(Module):
         Returns:
             `(*batch, channels, *target_shape)` (channels last if `channels_last`).
         """
-        core = image_core("channels", None, len(self.target_shape), self.channels_last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
+        return apply_image_layer(self, self._flat, x, "channels", None, len(self.target_shape))
 
     def _flat(self, x: Array) -> Array:
         first = 1 if self.channels_last else 2

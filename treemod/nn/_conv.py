@@ -13,11 +13,9 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
-from ._batching import Core, batch_apply
 from ._layout import (
+    apply_image_layer,
     conv_dimension_numbers,
-    image_core,
-    layer_name,
     per_channel,
     spatial_pads,
     spatial_shape,
@@ -208,9 +206,8 @@ class Conv(Module):
             `(*batch, out_channels, *new_spatial)` (`(*batch, *new_spatial, out_channels)` if
             `channels_last`).
         """
-        n, last = self.num_spatial_dims, self.channels_last
-        core = image_core("in_channels", self.in_channels, n, last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
+        n = self.num_spatial_dims
+        return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
 
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last

@@ -12,11 +12,10 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
-from ._batching import Core, batch_apply
 from ._conv import _init_params, _padding
 from ._layout import (
+    apply_image_layer,
     conv_dimension_numbers,
-    image_core,
     kernel_spatial_axes,
     layer_name,
     per_channel,
@@ -162,10 +161,8 @@ class ConvTranspose(Module):
             `(*batch, out_channels, *new_spatial)` (`(*batch, *new_spatial, out_channels)` if
             `channels_last`).
         """
-        core = image_core(
-            "in_channels", self.in_channels, self.num_spatial_dims, self.channels_last
-        )
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
+        n = self.num_spatial_dims
+        return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
 
     def _crops(self) -> list[tuple[int, int, int]]:
         """Per spatial dim: `(low, high, extra)`, what to crop from each end of the full output

@@ -9,13 +9,16 @@ every kernel (and of its gradient) at every step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jax import lax
 
+from ._batching import Core, batch_apply
+
 __all__ = [
+    "apply_image_layer",
     "conv_dimension_numbers",
-    "image_core",
     "layer_name",
     "kernel_spatial_axes",
     "per_channel",
@@ -27,14 +30,22 @@ __all__ = [
 _SPATIAL_NAMES = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
 
 
-def image_core(
-    channels_name: str, channels: int | None, n: int, channels_last: bool
-) -> tuple[tuple[str, int | None], ...]:
-    """The core dimensions of one example, for `batch_apply` and its error messages."""
+def apply_image_layer(
+    layer: Any,
+    method: Callable[[Any], Any],
+    x: Any,
+    channels_name: str,
+    channels: int | None,
+    n: int,
+) -> Any:
+    """`batch_apply` of an image layer's core `method` to `x`, whose one example has a channel
+    axis (named `channels_name`, of size `channels`, `None` for any) and `n` spatial axes,
+    channels first or last as `layer.channels_last` says."""
     names = _SPATIAL_NAMES.get(n, tuple(f"spatial{i}" for i in range(n)))
     spatial = tuple((name, None) for name in names)
     channel = ((channels_name, channels),)
-    return spatial + channel if channels_last else channel + spatial
+    core = spatial + channel if layer.channels_last else channel + spatial
+    return batch_apply(layer_name(layer), method, [Core("x", x, core)])
 
 
 def layer_name(layer: Any) -> str:

@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
 from ._batching import Core, batch_apply
-from ._layout import image_core, layer_name, per_channel
+from ._layout import apply_image_layer, per_channel
 from ._utils import compute_dtype, default_dtype, lead
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
@@ -250,8 +250,8 @@ class GroupNorm(Module):
             An array of the shape and dtype of `x`.
         """
         spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
-        core = image_core("channels", self.channels, max(spatial, 0), self.channels_last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
+        n = max(spatial, 0)
+        return apply_image_layer(self, self._flat, x, "channels", self.channels, n)
 
     def _flat(self, x: Array) -> Array:
         n, c = x.shape[0], x.shape[-1 if self.channels_last else 1]

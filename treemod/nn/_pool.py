@@ -12,8 +12,7 @@ from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._module import Module, field
-from ._batching import Core, batch_apply
-from ._layout import image_core, layer_name, spatial_pads, spatial_shape
+from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
 from ._utils import as_tuple
 
 __all__ = [
@@ -166,8 +165,8 @@ class Pool(Module):
         Returns:
             `(*batch, channels, *pooled_spatial)` (channels last if `channels_last`).
         """
-        core = image_core("channels", None, self.num_spatial_dims, self.channels_last)
-        return batch_apply(layer_name(self), self._flat, [Core("x", x, core)])
+        n = self.num_spatial_dims
+        return apply_image_layer(self, self._flat, x, "channels", None, n)
 
     def _flat(self, x: Array) -> Array:
         return self._reduce(x)[0]
