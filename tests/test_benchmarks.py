@@ -223,6 +223,49 @@ def test_targets_compare_treemod_with_plain_jax_peers_and_its_own_depth() -> Non
     assert got["Stack: trace+lower+compile, 48 blocks / 4"] == (1.25, True)
 
 
+def test_targets_pair_the_libraries_repeat_by_repeat_skipping_failed_processes() -> None:
+    def rec(fw: str, process: int, first: float) -> dict:
+        return {**_record(fw, "mlp8", first, 0.001), "process": process}
+
+    records = [
+        rec("jax", 0, 1.0),
+        rec("treemod", 1, 1.1),
+        rec("jax", 3, 2.0),
+        {"framework": "treemod", "workload": "mlp8", "error": "timed out", "process": 4},
+        rec("jax", 6, 4.0),
+        rec("treemod", 7, 3.0),
+    ]
+    data = _data({"jax": "ok", "treemod": "ok"}, records)
+    first = next(t for t in data["targets"] if t["name"] == "mlp8: first call / plain JAX")
+    assert first["value"] == pytest.approx(2.05 / 2.0)  # ratio of medians: the verdict
+    # Repeat 1: 1.1 / 1.0; repeat 2 lost treemod's process; repeat 3: 3.0 / 4.0.
+    assert first["per_repeat"] == pytest.approx(
+        {"median": 0.925, "min": 0.75, "max": 1.1, "n": 2, "within": 1}
+    )
+    assert "| 0.93× <small>[0.75–1.10]</small>, 1 of 2 |" in report.markdown(data)
+
+
+def test_merged_targets_pair_repeats_within_the_run_that_gave_the_figures() -> None:
+    def run_of(started: str, tm_first: list[float]) -> dict[str, Any]:
+        records = []
+        for k, first in enumerate(tm_first):
+            records += [
+                {**_record("jax", "mlp8", 1.0, 0.1), "process": 2 * k},
+                {**_record("treemod", "mlp8", first, 0.1), "process": 2 * k + 1},
+            ]
+        data = _data({"jax": "ok", "treemod": "ok"}, records)
+        data["meta"]["started"] = started
+        return data
+
+    merged = report.merge(
+        [run_of("2026-11-22T10:00", [5.0, 5.0]), run_of("2026-11-22T13:00", [0.9, 1.2, 1.0])]
+    )
+    first = next(t for t in merged["targets"] if t["name"] == "mlp8: first call / plain JAX")
+    assert first["per_repeat"] == pytest.approx(
+        {"median": 1.0, "min": 0.9, "max": 1.2, "n": 3, "within": 2}
+    )
+
+
 def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path) -> None:
     records = [
         _record("jax", "mlp8", 1.0, 0.001),
@@ -237,7 +280,7 @@ def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path)
     assert "| MLP, depth 8 | 1.00 | 1.02 (1.02×) | timed out (600 s) | failed |" in md
     assert "**haiku**: skipped: haiku is not installed (`pip install haiku`" in md
     assert "**nnx**: failed: ImportError: no flax" in md
-    assert "| mlp8: first call / plain JAX | 1.02× | ≤ 1.05× | yes |" in md
+    assert "| mlp8: first call / plain JAX | 1.02× | ≤ 1.05× | yes | 1.02× " in md
     assert "![First call of the training step (s, log scale)](first_call.png)" in md
 
 
