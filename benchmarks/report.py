@@ -14,12 +14,12 @@ import argparse
 import json
 import math
 import shutil
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from .workloads.spec import FRAMEWORKS, LABELS
+from .run import stats, summarise
+from .workloads.spec import FRAMEWORKS, LABELS, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
@@ -74,42 +74,30 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     peers = [f for f in _frameworks(data) if f not in ("jax", "treemod")]
     for wl in data["workloads"]:
+        mine = (wl, "treemod")
         for metric, what in (
             ("first_call_s", "first call"),
             ("first_call_cpu_s", "first call CPU"),
         ):
-            tm, floor = _metric(data, wl, "treemod", metric), _metric(data, wl, "jax", metric)
-            if tm and floor:
-                r = tm["median"] / floor["median"]
-                pairs = _per_repeat(data, metric, (wl, "treemod"), (wl, "jax"))
-                out.append(_target(f"{wl}: {what} / plain JAX", r, FIRST_CALL_LIMIT, pairs))
-            others = [(p, _metric(data, wl, p, metric)) for p in peers]
-            others = [(p, s) for p, s in others if s]
-            if tm and others:
-                best_peer, best = min(others, key=lambda ps: ps[1]["median"])
-                r = tm["median"] / best["median"]
-                name = f"{wl}: {what} / fastest peer ({LABELS[best_peer]})"
-                pairs = _per_repeat(data, metric, (wl, "treemod"), (wl, best_peer))
-                out.append(_target(name, r, 1.0, pairs))
+            name = f"{wl}: {what} / plain JAX"
+            out += _compare(data, name, metric, mine, (wl, "jax"), FIRST_CALL_LIMIT)
+            others = [(p, s) for p in peers if (s := _metric(data, wl, p, metric))]
+            if others:
+                best = min(others, key=lambda ps: ps[1]["median"])[0]
+                name = f"{wl}: {what} / fastest peer ({LABELS[best]})"
+                out += _compare(data, name, metric, mine, (wl, best), 1.0)
         for metric, what in (
             ("step_tiny_s", "tiny-batch step"),
             ("step_tiny_cpu_s", "tiny step CPU"),
         ):
-            tm, floor = _metric(data, wl, "treemod", metric), _metric(data, wl, "jax", metric)
-            if tm and floor:
-                r = tm["median"] / floor["median"]
-                pairs = _per_repeat(data, metric, (wl, "treemod"), (wl, "jax"))
-                out.append(_target(f"{wl}: {what} / plain JAX", r, STEP_LIMIT, pairs))
+            name = f"{wl}: {what} / plain JAX"
+            out += _compare(data, name, metric, mine, (wl, "jax"), STEP_LIMIT)
     for metric, what in STACK_METRICS:
         if not _from_one_run(data, metric):
             continue  # 4 and 48 blocks measured in different runs: their ratio would mislead
-        deep = _metric(data, "stack48_scan", "treemod", metric)
-        shallow = _metric(data, "stack4_scan", "treemod", metric)
-        if deep and shallow:
-            r = deep["median"] / shallow["median"]
-            cells = ("stack48_scan", "treemod"), ("stack4_scan", "treemod")
-            pairs = _per_repeat(data, metric, *cells)
-            out.append(_target(f"Stack: {what}, 48 blocks / 4", r, STACK_LIMIT, pairs))
+        name = f"Stack: {what}, 48 blocks / 4"
+        cells = ("stack48_scan", "treemod"), ("stack4_scan", "treemod")
+        out += _compare(data, name, metric, *cells, STACK_LIMIT)
     return out
 
 
@@ -144,17 +132,25 @@ def _per_repeat(
     return [a / b for a, b in pairs if a is not None and b]
 
 
-def _target(name: str, value: float, limit: float, per_repeat: list[float]) -> dict[str, Any]:
+def _compare(
+    data: dict[str, Any],
+    name: str,
+    metric: str,
+    cell: tuple[str, str],
+    other: tuple[str, str],
+    limit: float,
+) -> list[dict[str, Any]]:
+    """The target that `metric` of `cell` is at most `limit` times that of `other` (each a
+    (workload, framework)), judged on the ratio of medians; none when either was not measured."""
+    mine, theirs = _metric(data, *cell, metric), _metric(data, *other, metric)
+    if not (mine and theirs):
+        return []
+    value = mine["median"] / theirs["median"]
     target = {"name": name, "value": value, "limit": limit, "ok": value <= limit}
+    per_repeat = _per_repeat(data, metric, cell, other)
     if per_repeat:
-        target["per_repeat"] = {
-            "median": statistics.median(per_repeat),
-            "min": min(per_repeat),
-            "max": max(per_repeat),
-            "n": len(per_repeat),
-            "within": sum(r <= limit for r in per_repeat),
-        }
-    return target
+        target["per_repeat"] = stats(per_repeat) | {"within": sum(r <= limit for r in per_repeat)}
+    return [target]
 
 
 # --- Markdown --------------------------------------------------------------------------------
@@ -483,10 +479,7 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     example without the realistic batch) leaves the others to the run before. A library's
     failures on a workload come from the latest run that ran it there.
     """
-    from .run import summarise
-    from .workloads.spec import workloads as all_workloads
-
-    order = list(all_workloads())
+    order = list(workloads())
     by_start = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
     runs = {n: summarise(docs[n]["records"]) for n in by_start}
     source: dict[tuple[str, str], int] = {}  # (workload, metric) -> the run it comes from

@@ -181,7 +181,8 @@ def _tagged(n: int, *args: Any) -> list[dict[str, Any]]:
     return records
 
 
-def _stats(values: list[float]) -> dict[str, float]:
+def stats(values: list[float]) -> dict[str, float]:
+    """Median, min, max and count of `values`."""
     return {
         "median": statistics.median(values),
         "min": min(values),
@@ -205,7 +206,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 entry["metrics"].setdefault(m, []).append(rec[m])
     for per_fw in summary.values():
         for entry in per_fw.values():
-            entry["metrics"] = {m: _stats(v) for m, v in entry["metrics"].items()}
+            entry["metrics"] = {m: stats(v) for m, v in entry["metrics"].items()}
         floor = per_fw.get("jax", {}).get("metrics", {})
         for entry in per_fw.values():
             entry["ratio"] = {
