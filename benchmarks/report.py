@@ -253,7 +253,6 @@ def _processes(n: int) -> str:
 def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
     """The report: machine, skipped frameworks, tables, targets, charts."""
     meta, mach = data["meta"], data["meta"]["machine"]
-    v = mach["versions"]
     done, planned = meta.get("completed_processes"), meta.get("planned_processes")
     progress = f" ({done} of {planned} planned processes completed)" if planned else ""
     stopped = f" Stopped early: {meta['stopped']}." if meta.get("stopped") else ""
@@ -272,6 +271,17 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
             + "."
         )
     at_once = "" if runs else f", {meta.get('jobs') or 1} process(es) at once"
+    machines: dict[str, list[str]] = {}  # machine -> the runs made on it
+    for r in meta.get("runs") or [{"machine": mach, "started": meta["started"]}]:
+        machines.setdefault(_machine(r.get("machine") or mach), []).append(r["started"])
+    if len(machines) == 1:
+        where = f"Machine: {next(iter(machines))}."
+    else:  # ratios stay within one run, hence one machine; the runs' machines are named
+        where = (
+            "Machines (ratios compare processes of one run, so of one machine): "
+            + "; ".join(f"runs of {', '.join(starts)} on {m}" for m, starts in machines.items())
+            + "."
+        )
     lines = [
         f"Mode **{meta['mode']}**, up to {meta['repeats']} repeat(s), {meta['processes']}"
         f"{progress}{at_once}.{stopped}{runs}",
@@ -280,11 +290,8 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
         f"{meta['started']} – {meta.get('finished', '?')} "
         f"({meta.get('duration_s', 0) / 60:.1f} min).",
         "",
-        f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['platform']}, "
-        f"Python {mach['python']}; "
-        + ", ".join(f"{k} {val}" for k, val in v.items() if val)
-        + f". Load average before/after: {_load(mach.get('load_average'))} / "
-        f"{_load(meta.get('load_average_after'))}.",
+        f"{where} Load average before/after{' (latest run)' if runs else ''}: "
+        f"{_load(mach.get('load_average'))} / {_load(meta.get('load_average_after'))}.",
         "",
     ]
     for st in data["frameworks"].values():
@@ -361,6 +368,15 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
         lines.append(f"![{title}]({img_prefix}{png})")
     lines.append(f"![Import time (s)]({img_prefix}import.png)")
     return "\n".join(lines) + "\n"
+
+
+def _machine(mach: dict[str, Any]) -> str:
+    """CPU, cores, platform, Python and library versions, in one line."""
+    versions = ", ".join(f"{k} {val}" for k, val in mach["versions"].items() if val)
+    return (
+        f"{mach['cpu']}, {mach['cores']} cores, {mach['platform']}, "
+        f"Python {mach['python']}; {versions}"
+    )
 
 
 def _per_repeat_cell(s: dict[str, float] | None) -> str:
@@ -524,7 +540,10 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     used_runs = [n for n in by_start if any(m == n for _, m in used)]
     meta = dict(docs[used_runs[-1]]["meta"])
     meta["runs"] = [
-        {k: docs[n]["meta"].get(k) for k in ("started", "finished", "jobs", "config", "stopped")}
+        {
+            k: docs[n]["meta"].get(k)
+            for k in ("started", "finished", "jobs", "config", "stopped", "machine")
+        }
         | {
             "workloads": [w for w in order if (w, n) in used],
             "partial": {

@@ -298,6 +298,20 @@ def test_merge_combines_runs_of_different_workloads() -> None:
     assert "Merged from runs: stack4_scan" in report.markdown(merged)
 
 
+def test_merge_names_the_machine_of_each_run_when_they_differ() -> None:
+    a = _data({"jax": "ok", "treemod": "ok"}, [_record("jax", "stack4_scan", 1.0, 0.1)])
+    b = _data({"jax": "ok", "treemod": "ok"}, [_record("jax", "mlp8", 2.0, 0.1)])
+    a["meta"]["started"], b["meta"]["started"] = "2026-11-22T10:00", "2026-11-24T10:00"
+    same = report.markdown(report.merge([a, b]))
+    assert same.count("Machine: ") == 1 and "Machines" not in same
+    a["meta"]["machine"] = {**a["meta"]["machine"], "cpu": "AMD EPYC"}
+    b["meta"]["machine"] = {**b["meta"]["machine"], "cpu": "Intel(R) Xeon(R) Processor"}
+    text = report.markdown(report.merge([a, b]))
+    assert "Machine: " not in text
+    assert "runs of 2026-11-22T10:00 on AMD EPYC, " in text
+    assert "runs of 2026-11-24T10:00 on Intel(R) Xeon(R) Processor, " in text
+
+
 def test_merge_takes_a_remeasured_workload_from_the_latest_run_only() -> None:
     old = _data(
         {"jax": "ok", "treemod": "ok"},
