@@ -507,6 +507,19 @@ def test_same_program_captures_and_compiles_each_library_step(capsys) -> None:
     assert "mlp8: XLA compile" in out and "treemod" in out
 
 
+@pytest.mark.parametrize("name", ["mlp8", "resnet18", "transformer12"])
+def test_only_steps_with_dropout_draw_random_numbers(name: str) -> None:
+    """A step splits its key only where the workload needs one: every library does the same
+    work (Flax NNX's step, whose keys live in the model, never splits one otherwise)."""
+    frameworks = [fw for fw in FRAMEWORKS if not run.unavailable(fw)]
+    with _default_promotion():
+        texts = same_program.capture_step_modules(name, frameworks, quick=True)
+    random = workloads(quick=True)[name].random
+    assert random == (name == "transformer12")
+    for fw, text in texts.items():
+        assert ("threefry" in text) == random, f"{fw}/{name}"
+
+
 @contextlib.contextmanager
 def _persistent_cache(directory: Path) -> Iterator[None]:
     """JAX's persistent compilation cache on in `directory`, keeping every program."""

@@ -168,7 +168,7 @@ def build(w: Workload) -> Case:
 
     @eqx.filter_jit
     def train_step(model: Any, state: Any, opt_state: Any, key: jax.Array, x: Any, y: Any):
-        key, sub = jax.random.split(key)
+        key, sub = jax.random.split(key) if w.random else (key, None)
         grad_fn = eqx.filter_value_and_grad(loss_fn, has_aux=True)
         (loss, state), grads = grad_fn(model, state, x, y, sub)
         updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))

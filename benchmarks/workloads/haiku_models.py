@@ -86,7 +86,7 @@ def build(w: Workload) -> Case:
 
     @jax.jit
     def train_step(params: Any, state: Any, opt_state: Any, key: Any, x: Any, y: Any):
-        key, sub = jax.random.split(key)
+        key, sub = jax.random.split(key) if w.random else (key, None)
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y, sub)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

@@ -227,7 +227,7 @@ def build(w: Workload) -> Case:
 
     @jax.jit
     def train_step(params, state, opt_state, key, x, y):
-        key, sub = jax.random.split(key)
+        key, sub = jax.random.split(key) if w.random else (key, None)
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, x, y, sub)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

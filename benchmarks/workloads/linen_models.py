@@ -123,7 +123,7 @@ def build(w: Workload) -> Case:
 
     @jax.jit
     def train_step(state: TrainState, key: jax.Array, x: jax.Array, y: jax.Array):
-        key, sub = jax.random.split(key)
+        key, sub = jax.random.split(key) if w.random else (key, None)
 
         def loss_fn(params: Any) -> Any:
             variables = {"params": params}
@@ -131,7 +131,8 @@ def build(w: Workload) -> Case:
                 variables["batch_stats"] = state.batch_stats
                 logits, updates = state.apply_fn(variables, x, mutable=["batch_stats"])
                 return cross_entropy(logits, y), updates["batch_stats"]
-            logits = state.apply_fn(variables, x, rngs={"dropout": sub})
+            rngs = {"dropout": sub} if sub is not None else None
+            logits = state.apply_fn(variables, x, rngs=rngs)
             return cross_entropy(logits, y), None
 
         (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

@@ -75,6 +75,11 @@ class Workload:
     tiny_batch: int = 1
     big_batch: int = 8
 
+    @property
+    def random(self) -> bool:
+        """Whether a training step draws random numbers (dropout); if not, no key is split."""
+        return self.dropout > 0
+
 
 def _transformer(name: str, title: str, depth: int, scan: bool, quick: bool) -> Workload:
     if quick:

@@ -167,7 +167,7 @@ def build(w: Workload) -> Case:
 
     @tm.filter_jit
     def train_step(model: Any, opt_state: Any, key: jax.Array, x: jax.Array, y: jax.Array):
-        key, sub = jax.random.split(key)
+        key, sub = jax.random.split(key) if w.random else (key, None)
         if stateful:
             grad_fn = tm.filter_value_and_grad(stateful_loss_fn, has_aux=True)
             (loss, new_model), grads = grad_fn(model, x, y, sub)
