@@ -19,19 +19,21 @@ from ._tree import apply_updates, tree_at, tree_equal
 
 # The Module core.
 from ._module import AbstractClassVar, AbstractVar, FrozenModuleError, Module, field
+from ._partial import Partial
 
 # State.
 from ._state import State, is_param, is_state, stateful, update_state
 
 # Transforms (filter_jit and friends).
 from . import debug as debug
-from ._ad import filter_grad, filter_value_and_grad
+from ._ad import filter_grad, filter_jvp, filter_value_and_grad, filter_vjp
 from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
 from ._custom_vjp import filter_custom_vjp
 from ._eval_shape import filter_eval_shape
 from ._jit import filter_jit
+from ._make_jaxpr import filter_make_jaxpr
 from ._sharding import filter_shard
 from ._vmap import filter_vmap, if_array
 
@@ -72,6 +74,7 @@ __all__ = [
     "AbstractVar",
     "FrozenModuleError",
     "Module",
+    "Partial",
     "field",
     # State.
     "State",
@@ -86,9 +89,12 @@ __all__ = [
     "filter_eval_shape",
     "filter_grad",
     "filter_jit",
+    "filter_jvp",
+    "filter_make_jaxpr",
     "filter_pure_callback",
     "filter_shard",
     "filter_value_and_grad",
+    "filter_vjp",
     "filter_vmap",
     "if_array",
     # Shape checks.

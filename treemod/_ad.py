@@ -1,23 +1,29 @@
-"""`filter_grad` and `filter_value_and_grad`: differentiate the parameters of the first argument.
+"""Automatic differentiation of functions of arbitrary pytrees.
 
-The first argument is split with `is_param` (floating-point arrays outside `State`); the
-gradient has exactly the structure of `treemod.filter(first_argument, treemod.is_param)`, with
-`None` for every other leaf, so it can go straight to an optax optimiser.
+`filter_grad` and `filter_value_and_grad` differentiate the parameters of the first argument:
+it is split with `is_param` (floating-point arrays outside `State`), and the gradient has
+exactly the structure of `treemod.filter(first_argument, treemod.is_param)`, with `None` for
+every other leaf, so it can go straight to an optax optimiser. `filter_jvp` (forward mode) and
+`filter_vjp` (reverse mode, the pullback itself) are Equinox's: they differentiate the
+floating-point arrays of every argument, `None` standing for "no tangent" / "no cotangent".
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
 
-from ._filters import combine, partition
+from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves
+from ._filters import combine, is_inexact_array, partition
 from ._state import is_param
 
-__all__ = ["filter_grad", "filter_value_and_grad"]
+__all__ = ["filter_grad", "filter_jvp", "filter_value_and_grad", "filter_vjp"]
 
 
 class _GradWrapper:
@@ -121,3 +127,227 @@ def filter_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False)
     if fun is None:
         return functools.partial(filter_grad, has_aux=has_aux)
     return _GradWrapper(fun, has_aux, value=False)
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _leaves_against(tree: Any, like: Any, what: str, error: str) -> list[tuple[Any, Any]]:
+    """`(path, leaf)` of `tree`, one per leaf of `like` (whose `None`s count as leaves).
+
+    `tree` has the structure of `like`, except that a `None` in it may stand for a whole
+    subtree of `like` (it then gives `None` at each of that subtree's leaves).
+    """
+    try:
+        filled = jtu.tree_map(
+            lambda t, x: jtu.tree_map(lambda _: None, x) if t is None else t,
+            tree,
+            like,
+            is_leaf=_is_none,
+        )
+    except ValueError as e:
+        raise ValueError(f"{error}: {what} does not have its structure ({e}).") from None
+    paths, treedef = jtu.tree_flatten_with_path(filled, is_leaf=_is_none)
+    if jtu.tree_structure(like, is_leaf=_is_none) != treedef:  # type: ignore[operator]
+        raise ValueError(f"{error}: {what} does not have its structure ({treedef}).")
+    return paths
+
+
+def _split_output(out: Any) -> tuple[list[Any], Callable[..., Any]]:
+    """The arrays of `out`, and how to rebuild `out` from new ones.
+
+    `rebuild(arrays)` keeps the other leaves; `rebuild(arrays, keep_static=False)` puts `None`
+    in their place (as in a tangent or cotangent).
+    """
+    leaves, treedef = jtu.tree_flatten(out)
+    mask = [IS_ARRAY_TYPE[type(x)] for x in leaves]
+    arrays = [x for x, m in zip(leaves, mask, strict=True) if m]
+    static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+
+    def rebuild(new_arrays: list, keep_static: bool = True) -> Any:
+        others = static if keep_static else [None] * len(static)
+        return jtu.tree_unflatten(treedef, merge_leaves(mask, new_arrays, others))
+
+    return arrays, rebuild
+
+
+def filter_jvp(
+    fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], **kwargs: Any
+) -> tuple[Any, Any]:
+    """Forward-mode differentiation (`jax.jvp`) of a function of arbitrary pytrees.
+
+    Each leaf of `primals` with a tangent (not `None`) is differentiated; it must be a
+    floating-point array, and its tangent an array of the same shape and dtype. Leaves whose
+    tangent is `None` (non-array leaves must have `None`) are held constant. Keyword arguments
+    are not differentiated.
+
+    Arguments:
+        fn: the function (or module) to differentiate.
+        primals: the positional arguments, a tuple or list.
+        tangents: their tangents, with the structure of `primals` and `None` wherever a leaf
+            is not differentiated.
+        **kwargs: keyword arguments of `fn`.
+
+    Returns:
+        `(out, tangent_out)`: `fn`'s output, and its tangent, with the structure of `out` and
+        `None` at every leaf that is not a floating-point array.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> def f(params, x, act):
+        ...     return {"y": act(params["w"] * x), "label": "out"}
+        >>> params = {"w": jnp.float32(2.0)}
+        >>> out, tangent = tm.filter_jvp(
+        ...     f, (params, jnp.float32(3.0), jnp.sin), ({"w": jnp.float32(1.0)}, None, None)
+        ... )
+        >>> tangent["y"], tangent["label"]  # d/dw sin(w * x) = x cos(w * x)
+        (Array(2.8805108, dtype=float32), None)
+    """
+    name = function_name(fn)
+    if not isinstance(primals, tuple | list) or not isinstance(tangents, tuple | list):
+        raise TypeError(
+            f"filter_jvp({name}): `primals` and `tangents` must be tuples (or lists) of the "
+            f"positional arguments; got {type(primals).__name__} and {type(tangents).__name__}."
+        )
+    primals, tangents = tuple(primals), tuple(tangents)
+    p_leaves, p_def = jtu.tree_flatten(primals, is_leaf=_is_none)
+    t_paths = _leaves_against(
+        tangents,
+        primals,
+        "`tangents`",
+        f"filter_jvp({name}): `tangents` must have the structure of `primals`, with None where "
+        "a leaf (or a whole subtree) is not differentiated",
+    )
+    diff_at: list[int] = []
+    for i, (p, (path, t)) in enumerate(zip(p_leaves, t_paths, strict=True)):
+        if t is None:
+            continue
+        where = "primals" + jtu.keystr(path)
+        if not is_inexact_array(p):
+            raise TypeError(
+                f"filter_jvp({name}): {where} is {_describe(p)}, which cannot be "
+                "differentiated; give it the tangent None."
+            )
+        if not IS_ARRAY_TYPE[type(t)] or jnp.shape(t) != p.shape or t.dtype != p.dtype:
+            raise ValueError(
+                f"filter_jvp({name}): the tangent of {where} must be an array of its shape and "
+                f"dtype, {_describe(p)}; got {_describe(t)}."
+            )
+        diff_at.append(i)
+    rebuild_box: list[Callable[..., Any]] = []
+
+    def inner(*diff: Any) -> list[Any]:
+        leaves = list(p_leaves)
+        for i, d in zip(diff_at, diff, strict=True):
+            leaves[i] = d
+        arrays, rebuild = _split_output(fn(*jtu.tree_unflatten(p_def, leaves), **kwargs))
+        rebuild_box.append(rebuild)
+        return arrays
+
+    diff_primals = tuple(p_leaves[i] for i in diff_at)
+    diff_tangents = tuple(t_paths[i][1] for i in diff_at)
+    out, tangent_out = jax.jvp(inner, diff_primals, diff_tangents)
+    rebuild = rebuild_box[-1]
+    tangent_out = [
+        t if is_inexact_array(o) else None for o, t in zip(out, tangent_out, strict=True)
+    ]
+    return rebuild(out), rebuild(tangent_out, keep_static=False)
+
+
+def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
+    """Reverse-mode differentiation (`jax.vjp`) of a function of arbitrary pytrees.
+
+    The floating-point arrays of `primals` are differentiated; every other leaf is held
+    constant (non-array leaves such as activation functions are passed through as they are).
+
+    Arguments:
+        fn: the function (or module) to differentiate.
+        *primals: its positional arguments.
+        has_aux: whether `fn` returns `(out, aux)`; `aux` is returned, not differentiated.
+
+    Returns:
+        `(out, vjp_fn)`, or `(out, vjp_fn, aux)` with `has_aux`. `vjp_fn(cotangent)` takes a
+        cotangent with the structure of `out` (`None` at leaves that are not floating-point
+        arrays, or to mean zero) and returns a tuple with one cotangent per primal, each with
+        the primal's structure and `None` at every leaf that is not a floating-point array.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> def f(params, x, act):
+        ...     return act(params["w"] * x)
+        >>> out, vjp_fn = tm.filter_vjp(f, {"w": jnp.float32(2.0)}, jnp.float32(3.0), jnp.sin)
+        >>> ct_params, ct_x, ct_act = vjp_fn(jnp.float32(1.0))
+        >>> ct_params["w"], ct_act  # d/dw sin(w * x) = x cos(w * x)
+        (Array(2.8805108, dtype=float32), None)
+    """
+    name = function_name(fn)
+    leaves, treedef = jtu.tree_flatten(primals)
+    mask = [is_inexact_array(x) for x in leaves]
+    diff = [x for x, m in zip(leaves, mask, strict=True) if m]
+    fixed = [x for x, m in zip(leaves, mask, strict=True) if not m]
+    box: list[Any] = []
+
+    def inner(*d: Any) -> tuple[list[Any], Any]:
+        out = fn(*jtu.tree_unflatten(treedef, merge_leaves(mask, d, fixed)))
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError(
+                    f"filter_vjp({name}, has_aux=True): the function must return a pair "
+                    f"(output, aux); got {type(out).__name__}."
+                )
+            out, aux = out
+        else:
+            aux = None
+        arrays, rebuild = _split_output(out)
+        aux_arrays, rebuild_aux = _split_output(aux)
+        inexact = [is_inexact_array(a) for a in arrays]
+        box[:] = [rebuild, rebuild_aux, inexact]
+        # Only floating-point outputs have cotangents; the other arrays leave as auxiliary data.
+        return [a for a, m in zip(arrays, inexact, strict=True) if m], (
+            [a for a, m in zip(arrays, inexact, strict=True) if not m],
+            aux_arrays,
+        )
+
+    diff_out, pullback, (other_out, aux_arrays) = jax.vjp(inner, *diff, has_aux=True)
+    rebuild, rebuild_aux, inexact = box
+    out = rebuild(merge_leaves(inexact, diff_out, other_out))
+    aux = rebuild_aux(aux_arrays)
+
+    def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
+        c_paths = _leaves_against(
+            cotangent,
+            out,
+            "the cotangent",
+            f"filter_vjp({name}): the cotangent must have the structure of the output, with "
+            "None at leaves (or whole subtrees) without one",
+        )
+        o_leaves = jtu.tree_leaves(out, is_leaf=_is_none)
+        cts = []
+        for (path, c), o in zip(c_paths, o_leaves, strict=True):
+            if not is_inexact_array(o):
+                if c is not None:
+                    raise TypeError(
+                        f"filter_vjp({name}): the output{jtu.keystr(path)} is {_describe(o)}, "
+                        "which has no cotangent; pass None there."
+                    )
+                continue
+            if c is None:
+                cts.append(jnp.zeros_like(o))
+            elif not IS_ARRAY_TYPE[type(c)] or jnp.shape(c) != o.shape or c.dtype != o.dtype:
+                raise ValueError(
+                    f"filter_vjp({name}): the cotangent of the output{jtu.keystr(path)} must be "
+                    f"an array of its shape and dtype, {_describe(o)}; got {_describe(c)}."
+                )
+            else:
+                cts.append(c)
+        grads = pullback(cts)
+        return tuple(jtu.tree_unflatten(treedef, merge_leaves(mask, grads, [None] * len(fixed))))
+
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
+
+
+def _describe(x: Any) -> str:
+    if IS_ARRAY_TYPE[type(x)]:
+        return f"an array {x.dtype}{list(jnp.shape(x))}"
+    return f"a {type(x).__name__}"

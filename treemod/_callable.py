@@ -10,6 +10,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import jax
 import jax.tree_util as jtu
 
 from ._filters import IS_ARRAY_TYPE
@@ -37,6 +38,11 @@ class _Kinds(dict):
 
 
 KINDS = _Kinds()
+
+
+def is_abstract_array(x: Any) -> bool:
+    """Whether `x` is an array or a `jax.ShapeDtypeStruct` standing for one."""
+    return IS_ARRAY_TYPE[type(x)] or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def merge_leaves(mask: Sequence[bool], dynamic: Iterable[Any], static: Iterable[Any]) -> list[Any]:

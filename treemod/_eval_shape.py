@@ -8,13 +8,9 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, merge_leaves, pack_output
+from ._callable import is_abstract_array, merge_leaves, pack_output
 
 __all__ = ["filter_eval_shape"]
-
-
-def _is_abstract_array(x: Any) -> bool:
-    return IS_ARRAY_TYPE[type(x)] or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def filter_eval_shape(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -44,7 +40,7 @@ def filter_eval_shape(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
         (ShapeDtypeStruct(shape=(1000, 1000), dtype=float32), 'dense')
     """
     leaves, treedef = jtu.tree_flatten((fun, args, kwargs))
-    mask = tuple(_is_abstract_array(x) for x in leaves)
+    mask = tuple(is_abstract_array(x) for x in leaves)
     dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
     static = [x for x, m in zip(leaves, mask, strict=True) if not m]
 
