@@ -4,28 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from strategies import float_trees
 
 import treemod as tm
 
-_arrays = hnp.array_shapes(min_dims=0, max_dims=2, max_side=3).flatmap(
-    lambda s: hnp.arrays(np.float32, s, elements=st.floats(-3, 3, width=32))
-)
-_trees = st.recursive(
-    _arrays,
-    lambda children: st.one_of(
-        st.lists(children, min_size=1, max_size=3),
-        st.dictionaries(st.sampled_from("abc"), children, min_size=1, max_size=3),
-    ),
-    max_leaves=5,
-)
+_trees = float_trees(3)
 
 
 def _loss(tree: Any, scale: jax.Array) -> jax.Array:
