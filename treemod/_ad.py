@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves
+from ._callable import IS_ARRAY_TYPE, Split, function_name, merge_leaves, split_leaves, split_tree
 from ._filters import combine, is_inexact_array, partition
 from ._state import is_param
 
@@ -154,24 +154,6 @@ def _leaves_against(tree: Any, like: Any, what: str, error: str) -> list[tuple[A
     return paths
 
 
-def _split_output(out: Any) -> tuple[list[Any], Callable[..., Any]]:
-    """The arrays of `out`, and how to rebuild `out` from new ones.
-
-    `rebuild(arrays)` keeps the other leaves; `rebuild(arrays, keep_static=False)` puts `None`
-    in their place (as in a tangent or cotangent).
-    """
-    leaves, treedef = jtu.tree_flatten(out)
-    mask = [IS_ARRAY_TYPE[type(x)] for x in leaves]
-    arrays = [x for x, m in zip(leaves, mask, strict=True) if m]
-    static = [x for x, m in zip(leaves, mask, strict=True) if not m]
-
-    def rebuild(new_arrays: list, keep_static: bool = True) -> Any:
-        others = static if keep_static else [None] * len(static)
-        return jtu.tree_unflatten(treedef, merge_leaves(mask, new_arrays, others))
-
-    return arrays, rebuild
-
-
 def filter_jvp(
     fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], **kwargs: Any
 ) -> tuple[Any, Any]:
@@ -235,24 +217,24 @@ def filter_jvp(
                 f"dtype, {_describe(p)}; got {_describe(t)}."
             )
         diff_at.append(i)
-    rebuild_box: list[Callable[..., Any]] = []
+    out_split: list[Split] = []
 
     def inner(*diff: Any) -> list[Any]:
         leaves = list(p_leaves)
         for i, d in zip(diff_at, diff, strict=True):
             leaves[i] = d
-        arrays, rebuild = _split_output(fn(*jtu.tree_unflatten(p_def, leaves), **kwargs))
-        rebuild_box.append(rebuild)
+        arrays, split = split_tree(fn(*jtu.tree_unflatten(p_def, leaves), **kwargs))
+        out_split.append(split)
         return arrays
 
     diff_primals = tuple(p_leaves[i] for i in diff_at)
     diff_tangents = tuple(t_paths[i][1] for i in diff_at)
     out, tangent_out = jax.jvp(inner, diff_primals, diff_tangents)
-    rebuild = rebuild_box[-1]
+    split = out_split[-1]
     tangent_out = [
         t if is_inexact_array(o) else None for o, t in zip(out, tangent_out, strict=True)
     ]
-    return rebuild(out), rebuild(tangent_out, keep_static=False)
+    return split.rebuild(out), split.rebuild(tangent_out, static_as_none=True)
 
 
 def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
@@ -282,14 +264,11 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
         (Array(2.8805108, dtype=float32), None)
     """
     name = function_name(fn)
-    leaves, treedef = jtu.tree_flatten(primals)
-    mask = [is_inexact_array(x) for x in leaves]
-    diff = [x for x, m in zip(leaves, mask, strict=True) if m]
-    fixed = [x for x, m in zip(leaves, mask, strict=True) if not m]
+    diff, primal_split = split_tree(primals, is_inexact_array)
     box: list[Any] = []
 
     def inner(*d: Any) -> tuple[list[Any], Any]:
-        out = fn(*jtu.tree_unflatten(treedef, merge_leaves(mask, d, fixed)))
+        out = fn(*primal_split.rebuild(d))
         if has_aux:
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError(
@@ -299,20 +278,18 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
             out, aux = out
         else:
             aux = None
-        arrays, rebuild = _split_output(out)
-        aux_arrays, rebuild_aux = _split_output(aux)
+        arrays, out_split = split_tree(out)
+        aux_arrays, aux_split = split_tree(aux)
         inexact = [is_inexact_array(a) for a in arrays]
-        box[:] = [rebuild, rebuild_aux, inexact]
+        box[:] = [out_split, aux_split, inexact]
         # Only floating-point outputs have cotangents; the other arrays leave as auxiliary data.
-        return [a for a, m in zip(arrays, inexact, strict=True) if m], (
-            [a for a, m in zip(arrays, inexact, strict=True) if not m],
-            aux_arrays,
-        )
+        diff_out, other_out = split_leaves(arrays, inexact)
+        return diff_out, (other_out, aux_arrays)
 
     diff_out, pullback, (other_out, aux_arrays) = jax.vjp(inner, *diff, has_aux=True)
-    rebuild, rebuild_aux, inexact = box
-    out = rebuild(merge_leaves(inexact, diff_out, other_out))
-    aux = rebuild_aux(aux_arrays)
+    out_split, aux_split, inexact = box
+    out = out_split.rebuild(merge_leaves(inexact, diff_out, other_out))
+    aux = aux_split.rebuild(aux_arrays)
 
     def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
         c_paths = _leaves_against(
@@ -342,7 +319,7 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
             else:
                 cts.append(c)
         grads = pullback(cts)
-        return tuple(jtu.tree_unflatten(treedef, merge_leaves(mask, grads, [None] * len(fixed))))
+        return tuple(primal_split.rebuild(grads, static_as_none=True))
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 

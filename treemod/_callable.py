@@ -51,6 +51,30 @@ def merge_leaves(mask: Sequence[bool], dynamic: Iterable[Any], static: Iterable[
     return [next(dyn) if m else next(sta) for m in mask]
 
 
+def split_leaves(leaves: Iterable[Any], mask: Sequence[bool]) -> tuple[list[Any], list[Any]]:
+    """The leaves where `mask` is true, and the others; `merge_leaves` undoes it."""
+    kept: list[Any] = []
+    others: list[Any] = []
+    for x, m in zip(leaves, mask, strict=True):
+        (kept if m else others).append(x)
+    return kept, others
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return IS_ARRAY_TYPE[type(x)]
+
+
+def split_tree(
+    tree: Any, keep: Callable[[Any], bool] = _is_array_leaf, is_leaf: Callable | None = None
+) -> tuple[list[Any], Split]:
+    """The leaves of `tree` that `keep` selects (arrays by default), and the `Split` holding the
+    rest, which rebuilds the tree from new kept leaves: the filtered transforms' one mechanism."""
+    leaves, treedef = jtu.tree_flatten(tree, is_leaf=is_leaf)
+    mask = tuple(keep(x) for x in leaves)
+    kept, others = split_leaves(leaves, mask)
+    return kept, Split(treedef, mask, tuple(others))
+
+
 def function_name(fn: Any) -> str:
     """A readable name for error messages and logs."""
     if isinstance(fn, types.MethodType):
@@ -158,8 +182,14 @@ def _unhashable_node(node: Any, path: tuple) -> tuple[tuple, Any] | None:
     return None
 
 
-class _Plan:
-    """How to rebuild an output with non-array leaves; compared and hashed by identity."""
+class Split:
+    """A pytree with its kept leaves taken out (see `split_tree`); compared and hashed by identity.
+
+    Attributes:
+        treedef: the tree's structure.
+        mask: for each leaf, whether it was kept.
+        static: the other leaves, in order.
+    """
 
     __slots__ = ("treedef", "mask", "static")
 
@@ -167,6 +197,12 @@ class _Plan:
         self.treedef = treedef
         self.mask = mask
         self.static = static
+
+    def rebuild(self, kept: Iterable[Any], *, static_as_none: bool = False) -> Any:
+        """The tree with `kept` in place of the kept leaves, and its other leaves (or `None`
+        in their place, as in a tangent or a shape description)."""
+        static = [None] * len(self.static) if static_as_none else self.static
+        return self.treedef.unflatten(merge_leaves(self.mask, kept, static))
 
 
 class Packed:
@@ -178,12 +214,12 @@ class Packed:
 
     __slots__ = ("arrays", "plan")
 
-    def __init__(self, arrays: list[Any], plan: _Plan) -> None:
+    def __init__(self, arrays: list[Any], plan: Split) -> None:
         self.arrays = arrays
         self.plan = plan
 
 
-def _packed_unflatten(plan: _Plan, children: Iterable[Any]) -> Any:
+def _packed_unflatten(plan: Split, children: Iterable[Any]) -> Any:
     return plan.treedef.unflatten(merge_leaves(plan.mask, children, plan.static))
 
 
@@ -192,10 +228,5 @@ jtu.register_pytree_node(Packed, lambda p: (p.arrays, p.plan), _packed_unflatten
 
 def pack_output(out: Any) -> Any:
     """Return `out` unchanged if all its leaves are arrays, else a `Packed` stand-in for it."""
-    leaves, treedef = jtu.tree_flatten(out)
-    mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
-    if all(mask):
-        return out
-    arrays = [x for x, m in zip(leaves, mask, strict=True) if m]
-    static = tuple(x for x, m in zip(leaves, mask, strict=True) if not m)
-    return Packed(arrays, _Plan(treedef, mask, static))
+    arrays, plan = split_tree(out)
+    return out if all(plan.mask) else Packed(arrays, plan)

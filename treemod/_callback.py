@@ -9,7 +9,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._callable import IS_ARRAY_TYPE, merge_leaves
+from ._callable import split_tree
 
 __all__ = ["filter_pure_callback"]
 
@@ -55,29 +55,24 @@ def filter_pure_callback(
         >>> f(jnp.array([3.0, 1.0, 2.0]))
         Array([1., 2., 3.], dtype=float32)
     """
-    leaves, treedef = jtu.tree_flatten((args, kwargs))
-    mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
-    dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-    static = [x for x, m in zip(leaves, mask, strict=True) if not m]
-    res_leaves, res_def = jtu.tree_flatten(result_shape_dtypes, is_leaf=_is_struct)
-    res_mask = tuple(_is_struct(x) for x in res_leaves)
-    structs = [x for x, m in zip(res_leaves, res_mask, strict=True) if m]
-    res_static = [x for x, m in zip(res_leaves, res_mask, strict=True) if not m]
+    dynamic, split = split_tree((args, kwargs))
+    structs, res_split = split_tree(result_shape_dtypes, _is_struct, is_leaf=_is_struct)
+    res_mask = res_split.mask
     name = getattr(callback, "__name__", type(callback).__name__)
 
     def host(*dyn: Any) -> list[np.ndarray]:
         host_arrays = [np.asarray(x) for x in dyn]
-        a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, host_arrays, static))
+        a, k = split.rebuild(host_arrays)
         out = callback(*a, **k)
         out_leaves = jtu.tree_leaves(out)
-        if len(out_leaves) != len(res_leaves):
+        if len(out_leaves) != len(res_mask):
             raise ValueError(
                 f"filter_pure_callback({name}): the callback returned a tree with "
                 f"{len(out_leaves)} leaves but result_shape_dtypes describes "
-                f"{len(res_leaves)}; they must have the same structure."
+                f"{len(res_mask)}; they must have the same structure."
             )
         arrays = [x for x, m in zip(out_leaves, res_mask, strict=True) if m]
         return [np.asarray(x, dtype=s.dtype) for x, s in zip(arrays, structs, strict=True)]
 
     flat = jax.pure_callback(host, structs, *dynamic, vmap_method=vmap_method)
-    return jtu.tree_unflatten(res_def, merge_leaves(res_mask, flat, res_static))
+    return res_split.rebuild(flat)

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, merge_leaves, pack_output, split_fn
+from ._callable import pack_output, split_fn, split_tree
 
 __all__ = ["filter_checkpoint"]
 
@@ -32,14 +31,11 @@ class _CheckpointWrapper:
         return types.MethodType(self, instance)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        leaves, treedef = jtu.tree_flatten((self._fn_tree, args, kwargs))
-        mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
-        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        dynamic, split = split_tree((self._fn_tree, args, kwargs))
         fun, call = self._fun, self._call
 
         def inner(dyn: list) -> Any:
-            fn_tree, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
+            fn_tree, a, k = split.rebuild(dyn)
             if call is not None:
                 out = call(fn_tree, *a, **k)
             elif fn_tree is not None:

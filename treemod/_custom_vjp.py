@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, merge_leaves
+from ._callable import split_tree
 from ._filters import combine, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]
@@ -71,15 +71,12 @@ class filter_custom_vjp:  # noqa: N801 (Equinox's name)
             )
         diff, rest = partition(vjp_arg, is_inexact_array)
         diff_leaves, diff_def = jtu.tree_flatten(diff)
-        leaves, treedef = jtu.tree_flatten((rest, args, kwargs))
-        mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
-        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        dynamic, split = split_tree((rest, args, kwargs))
         fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
         out_def: list[Any] = []
 
         def rebuild(d_leaves: list, dyn: list) -> tuple[Any, tuple, dict]:
-            rest_, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
+            rest_, a, k = split.rebuild(dyn)
             return combine(jtu.tree_unflatten(diff_def, d_leaves), rest_), a, k
 
         def flat_out(out: Any) -> list:

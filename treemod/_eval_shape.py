@@ -6,9 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
-from ._callable import is_abstract_array, merge_leaves, pack_output
+from ._callable import is_abstract_array, pack_output, split_tree
 
 __all__ = ["filter_eval_shape"]
 
@@ -39,13 +38,10 @@ def filter_eval_shape(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
         >>> abstract.w, abstract.name
         (ShapeDtypeStruct(shape=(1000, 1000), dtype=float32), 'dense')
     """
-    leaves, treedef = jtu.tree_flatten((fun, args, kwargs))
-    mask = tuple(is_abstract_array(x) for x in leaves)
-    dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-    static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+    dynamic, split = split_tree((fun, args, kwargs), is_abstract_array)
 
     def inner(dyn: list) -> Any:
-        f, a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
+        f, a, k = split.rebuild(dyn)
         return pack_output(f(*a, **k))
 
     return jax.eval_shape(inner, dynamic)

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
-from ._callable import is_abstract_array, merge_leaves
+from ._callable import Split, is_abstract_array, split_tree
 
 __all__ = ["filter_make_jaxpr"]
 
@@ -44,27 +43,18 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
 
     @functools.wraps(fun)
     def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
-        leaves, treedef = jtu.tree_flatten((args, kwargs))
-        mask = tuple(is_abstract_array(x) for x in leaves)
-        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
-        out_box: list[tuple[Any, list[bool], list[Any]]] = []
+        dynamic, split = split_tree((args, kwargs), is_abstract_array)
+        out_split: list[Split] = []
 
         def inner(dyn: list) -> list[Any]:
-            a, k = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
-            out_leaves, out_def = jtu.tree_flatten(fun(*a, **k))
-            out_mask = [is_abstract_array(x) for x in out_leaves]
-            out_box.append((out_def, out_mask, out_leaves))
-            return [x for x, m in zip(out_leaves, out_mask, strict=True) if m]
+            a, k = split.rebuild(dyn)
+            arrays, out = split_tree(fun(*a, **k), is_abstract_array)
+            out_split.append(out)
+            return arrays
 
         jaxpr, shapes = jax.make_jaxpr(inner, return_shape=True)(dynamic)
-        out_def, out_mask, out_leaves = out_box[-1]
-        out_static = [x for x, m in zip(out_leaves, out_mask, strict=True) if not m]
-        nones = [None] * len(out_static)
-        out_struct = jtu.tree_unflatten(out_def, merge_leaves(out_mask, shapes, nones))
-        out_rest = jtu.tree_unflatten(
-            out_def, merge_leaves(out_mask, [None] * len(shapes), out_static)
-        )
-        return jaxpr, out_struct, out_rest
+        out = out_split[-1]
+        out_struct = out.rebuild(shapes, static_as_none=True)
+        return jaxpr, out_struct, out.rebuild([None] * len(shapes))
 
     return make_jaxpr

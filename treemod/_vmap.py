@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves, render_path
+from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves, render_path, split_leaves
 
 __all__ = ["filter_vmap", "if_array"]
 
@@ -133,8 +133,7 @@ class _VmapWrapper:
             axes += _expand_axes(if_array(0), kwargs, "in_axes", name, (jtu.SequenceKey(2),))
         leaves, treedef = jtu.tree_flatten((args, kwargs))
         mask = tuple(a is not None for a in axes)
-        dynamic = [x for x, m in zip(leaves, mask, strict=True) if m]
-        static = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        dynamic, static = split_leaves(leaves, mask)
         dyn_axes = [a for a in axes if a is not None]
         if not dynamic and self._axis_size is None:
             raise ValueError(
