@@ -161,9 +161,10 @@ def test_kwargs_of_jvp_are_not_differentiated() -> None:
 def test_jvp_errors_name_the_leaf() -> None:
     params = {"w": jnp.ones(2), "n": jnp.array(1)}
     f = lambda p: p["w"] * p["n"]  # noqa: E731
-    with pytest.raises(TypeError, match=r"filter_jvp\(<lambda>\): primals\[0\]\['n'\] is an "):
+    want = r"filter_jvp\(<lambda>\): primals\[0\]\['n'\] is i32\[\], which cannot be"
+    with pytest.raises(TypeError, match=want):
         tm.filter_jvp(f, (params,), ({"w": jnp.ones(2), "n": jnp.array(1)},))
-    with pytest.raises(ValueError, match=r"the tangent of primals\[0\]\['w'\] .* float32\[2\]"):
+    with pytest.raises(ValueError, match=r"the tangent of primals\[0\]\['w'\] .* f32\[2\]"):
         tm.filter_jvp(f, (params,), ({"w": jnp.ones(3), "n": None},))
     with pytest.raises(ValueError, match=r"`tangents` must have the structure of `primals`"):
         tm.filter_jvp(f, (params,), ({"w": jnp.ones(2)},))
@@ -174,9 +175,9 @@ def test_jvp_errors_name_the_leaf() -> None:
 def test_vjp_errors_name_the_output() -> None:
     f = lambda w: {"y": w * 2, "k": jnp.arange(2)}  # noqa: E731
     _, vjp_fn = tm.filter_vjp(f, jnp.ones(2))
-    with pytest.raises(TypeError, match=r"the output\['k'\] is an array int32\[2\]"):
+    with pytest.raises(TypeError, match=r"the output\['k'\] is i32\[2\]"):
         vjp_fn({"y": jnp.ones(2), "k": jnp.ones(2)})
-    with pytest.raises(ValueError, match=r"cotangent of the output\['y'\] .* got an array"):
+    with pytest.raises(ValueError, match=r"cotangent of the output\['y'\] .* got f32\[3\]"):
         vjp_fn({"y": jnp.ones(3), "k": None})
     with pytest.raises(ValueError, match=r"the cotangent must have the structure of the output"):
         vjp_fn({"y": jnp.ones(2)})

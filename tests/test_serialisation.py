@@ -305,12 +305,12 @@ def test_all_mismatches_in_one_error() -> None:
         tm.load(buf, like)
     msg = str(e.value)
     assert "6 mismatches" in msg and "<BytesIO>" in msg
-    assert "wrong shape: ['a'] is float32[3] in the file but float32[4] in like" in msg
-    assert "wrong dtype: ['b'] is float32[2] in the file but int32[2] in like" in msg
+    assert "wrong shape: ['a'] is f32[3] in the file but f32[4] in like" in msg
+    assert "wrong dtype: ['b'] is f32[2] in the file but i32[2] in like" in msg
     assert "wrong type: ['n'] is an int value in the file but a float value in like" in msg
-    assert "wrong type: ['s'] is a str value in the file but an array float32[1]" in msg
-    assert "missing: ['missing'] (float32[5] in like)" in msg
-    assert "unexpected: ['extra'] (float32[1] in the file, not in like)" in msg
+    assert "wrong type: ['s'] is a str value in the file but an array f32[1]" in msg
+    assert "missing: ['missing'] (f32[5] in like)" in msg
+    assert "unexpected: ['extra'] (f32[1] in the file, not in like)" in msg
     assert "Nothing was loaded" in msg
 
 
@@ -319,8 +319,8 @@ def test_shape_and_dtype_both_wrong_and_array_where_like_has_value() -> None:
     with pytest.raises(tm.CheckpointError) as e:
         tm.load(buf, {"a": jnp.ones(2, jnp.int32), "v": 1, "fn": jax.nn.relu})
     msg = str(e.value)
-    assert "wrong shape and dtype: ['a'] is float32[3] in the file but int32[2]" in msg
-    assert "wrong type: ['v'] is an array float32[1] in the file but an int value" in msg
+    assert "wrong shape and dtype: ['a'] is f32[3] in the file but i32[2]" in msg
+    assert "wrong type: ['v'] is an array f32[1] in the file but an int value" in msg
     assert "wrong type: ['fn'] is data in the file but a" in msg
 
 
@@ -587,7 +587,7 @@ def test_prng_key_mismatches_are_reported_by_key_dtype() -> None:
         tm.load(buf, like)
     msg = str(e.value)
     assert "wrong dtype: ['key'] is key<fry>[] in the file but key<rbg>[] in like" in msg
-    assert "wrong shape and dtype: ['raw'] is uint32[2] in the file but key<fry>[] in like" in msg
+    assert "wrong shape and dtype: ['raw'] is u32[2] in the file but key<fry>[] in like" in msg
 
 
 def test_a_deleted_array_is_named_and_nothing_is_written(tmp_path: pathlib.Path) -> None:

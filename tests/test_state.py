@@ -141,9 +141,9 @@ def test_update_with_changed_shape_or_dtype_is_an_error() -> None:
             tm.update_state(self.s, self.new)
             return x
 
-    with pytest.raises(ValueError, match=r"new value is float32\[4\] but the state holds "):
+    with pytest.raises(ValueError, match=r"new value is f32\[4\] but the state holds "):
         tm.stateful(Bad(tm.State(jnp.zeros(3)), jnp.zeros(4)))(1.0)
-    with pytest.raises(ValueError, match=r"int32\[3\] but the state holds float32\[3\]"):
+    with pytest.raises(ValueError, match=r"i32\[3\] but the state holds f32\[3\]"):
         tm.stateful(Bad(tm.State(jnp.zeros(3)), jnp.zeros(3, jnp.int32)))(1.0)
 
 
@@ -166,9 +166,7 @@ def test_second_update_of_the_same_state_is_an_error() -> None:
         def __call__(self, x):
             return self.counter(self.counter(x))
 
-    with pytest.raises(
-        RuntimeError, match=r"State \(int32\[\]\) was already updated.*applied twice"
-    ):
+    with pytest.raises(RuntimeError, match=r"State \(i32\[\]\) was already updated.*applied twice"):
         tm.stateful(Twice(_counter()))(1.0)
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._callable import IS_ARRAY_TYPE, Split, function_name, merge_leaves, split_leaves, split_tree
+from ._describe import describe_value
 from ._filters import combine, is_inexact_array, partition
 from ._state import is_param
 
@@ -208,13 +209,13 @@ def filter_jvp(
         where = "primals" + jtu.keystr(path)
         if not is_inexact_array(p):
             raise TypeError(
-                f"filter_jvp({name}): {where} is {_describe(p)}, which cannot be "
+                f"filter_jvp({name}): {where} is {describe_value(p)}, which cannot be "
                 "differentiated; give it the tangent None."
             )
         if not IS_ARRAY_TYPE[type(t)] or jnp.shape(t) != p.shape or t.dtype != p.dtype:
             raise ValueError(
                 f"filter_jvp({name}): the tangent of {where} must be an array of its shape and "
-                f"dtype, {_describe(p)}; got {_describe(t)}."
+                f"dtype, {describe_value(p)}; got {describe_value(t)}."
             )
         diff_at.append(i)
     out_split: list[Split] = []
@@ -305,7 +306,7 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
             if not is_inexact_array(o):
                 if c is not None:
                     raise TypeError(
-                        f"filter_vjp({name}): the output{jtu.keystr(path)} is {_describe(o)}, "
+                        f"filter_vjp({name}): the output{jtu.keystr(path)} is {describe_value(o)}, "
                         "which has no cotangent; pass None there."
                     )
                 continue
@@ -314,7 +315,8 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
             elif not IS_ARRAY_TYPE[type(c)] or jnp.shape(c) != o.shape or c.dtype != o.dtype:
                 raise ValueError(
                     f"filter_vjp({name}): the cotangent of the output{jtu.keystr(path)} must be "
-                    f"an array of its shape and dtype, {_describe(o)}; got {_describe(c)}."
+                    f"an array of its shape and dtype, {describe_value(o)}; "
+                    f"got {describe_value(c)}."
                 )
             else:
                 cts.append(c)
@@ -322,9 +324,3 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
         return tuple(primal_split.rebuild(grads, static_as_none=True))
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
-
-
-def _describe(x: Any) -> str:
-    if IS_ARRAY_TYPE[type(x)]:
-        return f"an array {x.dtype}{list(jnp.shape(x))}"
-    return f"a {type(x).__name__}"

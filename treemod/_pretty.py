@@ -9,6 +9,7 @@ import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
 
+from ._describe import describe_array
 from ._filters import is_array
 
 __all__ = ["tree_pformat", "tree_summary"]
@@ -21,7 +22,7 @@ def _is_arraylike_leaf(x: Any) -> bool:
 
 
 def _array_doc(x: Any) -> wl.AbstractDoc:
-    return wl.array_summary(x.shape, np.dtype(x.dtype).name, kind=None)
+    return wl.TextDoc(describe_array(x.shape, x.dtype))
 
 
 def _custom(max_items: int, indent: int, short_arrays: bool) -> Any:
@@ -115,7 +116,7 @@ def _count(node: Any) -> tuple[int, int]:
         if _is_arraylike_leaf(leaf):
             n = int(np.prod(leaf.shape, dtype=np.int64))
             count += n
-            nbytes += n * np.dtype(leaf.dtype).itemsize
+            nbytes += n * leaf.dtype.itemsize  # PRNG keys too: their dtype has no NumPy twin
     return count, nbytes
 
 

@@ -12,29 +12,11 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
-import numpy as np
 
 from ._callable import render_path
+from ._describe import describe_array
 
 logger = logging.getLogger("treemod")
-
-_SHORT = {
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "float32": "f32",
-    "float64": "f64",
-    "int8": "i8",
-    "int16": "i16",
-    "int32": "i32",
-    "int64": "i64",
-    "uint8": "u8",
-    "uint16": "u16",
-    "uint32": "u32",
-    "uint64": "u64",
-    "bool": "bool",
-    "complex64": "c64",
-    "complex128": "c128",
-}
 
 Signature = tuple[Any, tuple[bool, ...], tuple[Any, ...], tuple[Any, ...]]
 
@@ -45,13 +27,6 @@ def aval_of(x: Any) -> tuple[tuple[int, ...], Any, bool]:
     if aval is None:
         aval = jax.typeof(x)
     return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
-
-
-def describe_aval(aval: tuple[tuple[int, ...], Any, bool]) -> str:
-    shape, dtype, weak = aval
-    name = np.dtype(dtype).name if not hasattr(dtype, "name") else dtype.name
-    text = f"{_SHORT.get(name, name)}[{','.join(map(str, shape))}]"
-    return text + " (weak type)" if weak else text
 
 
 def short_repr(value: Any) -> str:
@@ -98,7 +73,7 @@ def _leaf_change(old: tuple[str, Any], new: tuple[str, Any]) -> str | None:
     if old[0] == "array" and new[0] == "array":
         if old[1] == new[1]:
             return None
-        return f"{describe_aval(old[1])} -> {describe_aval(new[1])}"
+        return f"{describe_array(*old[1])} -> {describe_array(*new[1])}"
     if old[0] == "static" and new[0] == "static":
         if _same_static(old[1], new[1]):
             return None
@@ -106,8 +81,8 @@ def _leaf_change(old: tuple[str, Any], new: tuple[str, Any]) -> str | None:
         if type(old[1]) is not type(new[1]):
             text += f" (type {type(old[1]).__name__} -> {type(new[1]).__name__})"
         return text
-    left = describe_aval(old[1]) if old[0] == "array" else _describe_static(old[1])
-    right = describe_aval(new[1]) if new[0] == "array" else _describe_static(new[1])
+    left = describe_array(*old[1]) if old[0] == "array" else _describe_static(old[1])
+    right = describe_array(*new[1]) if new[0] == "array" else _describe_static(new[1])
     return f"{left} -> {right}"
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._describe import describe_array
 from ._filters import is_array
 from ._safetensors import CheckpointError, TensorInfo
 
@@ -63,7 +64,7 @@ def _file_spec(info: TensorInfo, keys: dict[str, Any]) -> tuple[str, tuple[int, 
 
 
 def _show(spec: tuple[str, tuple[int, ...]]) -> str:
-    return f"{spec[0]}[{','.join(map(str, spec[1]))}]"
+    return describe_array(spec[1], spec[0])
 
 
 def _a(x: Any) -> str:

@@ -20,10 +20,10 @@ import jax
 import jaxtyping
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
+from ._describe import describe_value
 from ._shapecheck_annotations import (
     UnresolvedAnnotation,
     contains_jaxtyping,
-    describe_value,
     dim_names,
     format_annotation,
     function_annotations,

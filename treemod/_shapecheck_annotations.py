@@ -106,45 +106,6 @@ def format_annotation(ann: Any, _depth: int = 0) -> str:
     return repr(ann)
 
 
-_DTYPE_PREFIX = {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}
-
-
-def short_dtype(dtype: Any) -> str:
-    """`float32` -> `f32`, `bfloat16` -> `bf16`, `int8` -> `i8`, `bool` -> `bool`."""
-    name = str(getattr(dtype, "name", dtype))
-    match = re.fullmatch(r"([a-z]+?)(\d+)", name)
-    if match and match.group(1) in _DTYPE_PREFIX:
-        return _DTYPE_PREFIX[match.group(1)] + match.group(2)
-    return name
-
-
-def describe_value(value: Any, _depth: int = 0) -> str:
-    """A short description of a value: `f32[3,4]`, `None`, `(f32[3], i32[])`, `int 3`."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        shape = ",".join(str(d) for d in value.shape)
-        text = f"{short_dtype(value.dtype)}[{shape}]"
-        if not isinstance(value, jaxtyping.Array):
-            text += f" ({type(value).__module__.split('.')[0]}.{type(value).__qualname__})"
-        return text
-    if value is None:
-        return "None"
-    if _depth < 3 and isinstance(value, tuple | list):
-        items = [describe_value(v, _depth + 1) for v in value[:6]]
-        if len(value) > 6:
-            items.append("...")
-        body = ", ".join(items)
-        if isinstance(value, tuple):
-            return f"({body}{',' if len(value) == 1 else ''})"
-        return f"[{body}]"
-    if _depth < 3 and isinstance(value, dict):
-        items = [f"{k!r}: {describe_value(v, _depth + 1)}" for k, v in list(value.items())[:6]]
-        return "{" + ", ".join(items) + "}"
-    if isinstance(value, bool | int | float | complex | str):
-        text = repr(value)
-        return f"{type(value).__name__} {text[:40]}"
-    return type(value).__qualname__
-
-
 def resolve_annotation(ann: Any, globalns: dict[str, Any], localns: dict[str, Any]) -> Any:
     """Evaluate a string annotation; raise `UnresolvedAnnotation` if it looks jaxtyped and fails.
 

@@ -22,6 +22,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._describe import describe_value
 from ._filters import is_inexact_array
 from ._module import Module, field
 
@@ -109,11 +110,6 @@ class _Collectors(threading.local):
 _collectors = _Collectors()
 
 
-def _describe(x: Any) -> str:
-    dtype = np.dtype(x.dtype).name
-    return f"{dtype}[{','.join(map(str, x.shape))}]"
-
-
 def in_stateful_call() -> bool:
     """Whether code is running inside a `stateful` call, so that `update_state` may be used."""
     return bool(_collectors.stack)
@@ -159,10 +155,10 @@ def update_state(state: State, value: Any) -> None:
     if tuple(np.shape(value)) != tuple(np.shape(old)) or np.dtype(
         jax.numpy.result_type(value)
     ) != np.dtype(jax.numpy.result_type(old)):
+        new, held = describe_value(jax.numpy.asarray(value)), describe_value(jax.numpy.asarray(old))
         raise ValueError(
-            f"update_state: the new value is {_describe(jax.numpy.asarray(value))} but the state "
-            f"holds {_describe(jax.numpy.asarray(old))}. State keeps its shape and dtype; "
-            "cast or reshape the new value."
+            f"update_state: the new value is {new} but the state holds {held}. "
+            "State keeps its shape and dtype; cast or reshape the new value."
         )
     if not _collectors.stack:
         raise RuntimeError(
@@ -187,7 +183,7 @@ def update_state(state: State, value: Any) -> None:
 def _record(frame: _Frame, state: State, value: Any) -> None:
     if id(state) in frame.updates:
         raise RuntimeError(
-            f"update_state: this State ({_describe(jax.numpy.asarray(state.value))}) was "
+            f"update_state: this State ({describe_value(jax.numpy.asarray(state.value))}) was "
             "already updated during this stateful call, and the second update would silently "
             "replace the first. Is a stateful layer (e.g. a BatchNorm) applied twice? Apply it "
             "once (e.g. on the concatenated batch), or give each use its own layer."

@@ -140,6 +140,15 @@ def test_from_layers_and_jit():
     )
 
 
+class _Pair(tm.Module):
+    a: jax.Array
+    b: jax.Array
+
+
+class _Outer(tm.Module):
+    inner: _Pair
+
+
 def test_stack_errors():
     with pytest.raises(ValueError, match="Stack: `num_layers` must be a positive int"):
         nn.Stack(Block, 0, key=jax.random.key(0))
@@ -149,8 +158,17 @@ def test_stack_errors():
     stack = _stack(2)
     with pytest.raises(IndexError, match="Stack index 2 out of range for 2 layers"):
         stack[2]
-    with pytest.raises(ValueError, match="Stack.from_layers: layer 1 has an array"):
+    want = r"layer 1 has f32\[3\] at \.value where layer 0 has f32\[2\]"
+    with pytest.raises(ValueError, match=want):
         nn.Stack.from_layers([tm.State(jnp.zeros(2)), tm.State(jnp.zeros(3))])
+    want = r"layer 1 has i32\[2\] at \.inner\.b where layer 0 has f32\[2\]"
+    with pytest.raises(ValueError, match=want):
+        nn.Stack.from_layers(
+            [
+                _Outer(_Pair(jnp.ones(2), jnp.ones(2))),
+                _Outer(_Pair(jnp.ones(2), jnp.ones(2, jnp.int32))),
+            ]
+        )
     with pytest.raises(
         ValueError, match="Stack.from_layers: layer 1 does not have the tree structure"
     ):

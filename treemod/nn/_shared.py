@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from .._describe import describe_value
 from .._eval_shape import filter_eval_shape
 from .._module import Module, field
 from .._tree import tree_at, tree_equal
@@ -74,5 +75,4 @@ def _is_none(x: Any) -> bool:
 
 def _describe(tree: Any) -> str:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    shapes = [f"{x.dtype}{list(x.shape)}" if hasattr(x, "shape") else repr(x) for x in leaves]
-    return f"{treedef} with leaves {shapes}"
+    return f"{treedef} with leaves [{', '.join(map(describe_value, leaves))}]"

@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import PRNGKeyArray
 
+from .._describe import describe_value
 from .._filters import combine, is_array, partition
 from .._module import Module, field
 from .._state import State, collect_state_updates, is_state, update_state
@@ -121,11 +122,12 @@ class Stack(Module):
                     f"Stack.from_layers: layer {i} does not have the tree structure of layer 0; "
                     "all layers must be of the same type and configuration."
                 )
-            for a, b in zip(jtu.tree_leaves(first_arrays), jtu.tree_leaves(arrays), strict=True):
+            reference = jtu.tree_leaves(first_arrays)
+            for a, (path, b) in zip(reference, jtu.tree_leaves_with_path(arrays), strict=True):
                 if a.shape != b.shape or a.dtype != b.dtype:
                     raise ValueError(
-                        f"Stack.from_layers: layer {i} has an array {b.dtype}{list(b.shape)} "
-                        f"where layer 0 has {a.dtype}{list(a.shape)}."
+                        f"Stack.from_layers: layer {i} has {describe_value(b)} at "
+                        f"{jtu.keystr(path)} where layer 0 has {describe_value(a)}."
                     )
             if jtu.tree_leaves(st) != jtu.tree_leaves(static):
                 raise ValueError(
