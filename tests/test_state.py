@@ -329,3 +329,36 @@ def test_ema_law_closed_form(xs: list[float], momentum: float) -> None:
     expected = sum(m * (1 - m) ** (k - 1 - i) * x for i, x in enumerate(xs))
     np.testing.assert_allclose(current.average.value, expected, rtol=1e-4, atol=1e-4)
     assert float(model.average.value) == 0.0
+
+
+class _Noise(tm.Module):
+    key: tm.State
+
+    def __call__(self, x):
+        key, sub = jax.random.split(self.key.value)
+        tm.update_state(self.key, key)
+        return x + jax.random.normal(sub, x.shape)
+
+
+def test_state_can_hold_a_prng_key_that_advances_each_call():
+    model = _Noise(tm.State(jax.random.key(3)))
+    key, x = jax.random.key(3), jnp.zeros(4)
+    step = tm.filter_jit(lambda m, x: tm.stateful(m)(x))
+    for run in (tm.stateful(model), None, None):  # eagerly once, then compiled
+        out, model = run(x) if run else step(model, x)
+        key, sub = jax.random.split(key)  # the same draws, by hand
+        np.testing.assert_array_equal(out, jax.random.normal(sub, (4,)))
+        assert jnp.array_equal(jax.random.key_data(model.key.value), jax.random.key_data(key))
+    assert tm.filter(model, tm.is_param).key is None  # not trained
+
+
+def test_a_prng_key_state_refuses_a_non_key_value():
+    class Overwrite(tm.Module):
+        key: tm.State
+
+        def __call__(self, x):
+            tm.update_state(self.key, jnp.zeros(2))
+            return x
+
+    with pytest.raises(ValueError, match=r"new value is f32\[2\] but the state holds key<fry>\[\]"):
+        tm.stateful(Overwrite(tm.State(jax.random.key(0))))(1.0)

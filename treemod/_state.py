@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
-import numpy as np
 
 from ._describe import describe_value
 from ._filters import is_inexact_array
@@ -152,12 +151,11 @@ def update_state(state: State, value: Any) -> None:
             "that field."
         )
     old = state.value
-    if tuple(np.shape(value)) != tuple(np.shape(old)) or np.dtype(
-        jax.numpy.result_type(value)
-    ) != np.dtype(jax.numpy.result_type(old)):
-        new, held = describe_value(jax.numpy.asarray(value)), describe_value(jax.numpy.asarray(old))
+    new, held = jax.numpy.asarray(value), jax.numpy.asarray(old)
+    if new.shape != held.shape or new.dtype != held.dtype:  # PRNG key dtypes compare too
         raise ValueError(
-            f"update_state: the new value is {new} but the state holds {held}. "
+            f"update_state: the new value is {describe_value(new)} but the state holds "
+            f"{describe_value(held)}. "
             "State keeps its shape and dtype; cast or reshape the new value."
         )
     if not _collectors.stack:
