@@ -218,6 +218,18 @@ def test_tree_equal_inside_jit_is_traced() -> None:
     static_mismatch(jnp.ones(2))
 
 
+def test_tree_equal_compares_prng_keys_by_their_bits() -> None:
+    keys = jax.random.split(jax.random.key(0), 2)
+    same = jax.random.wrap_key_data(jax.random.key_data(keys))  # rebuilt from the raw bits
+    assert tm.tree_equal({"k": keys}, {"k": same}) is True
+    near = [jax.random.wrap_key_data(jnp.array([0, i], jnp.uint32)) for i in (1, 2)]
+    assert tm.tree_equal(*near, atol=10) is False  # bits within 10 of each other: no tolerance
+    assert tm.tree_equal(keys[0], jax.random.key(0, impl="rbg")) is False  # other dtype
+    eq = jax.jit(lambda a, b: tm.tree_equal(a, b))
+    assert bool(eq(keys, same)) is True
+    assert bool(eq(keys, keys[::-1])) is False
+
+
 # --- apply_updates -------------------------------------------------------------------------------
 
 

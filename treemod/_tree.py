@@ -175,6 +175,8 @@ def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> 
         return x == y
     if x.shape != y.shape or x.dtype != y.dtype:
         return False
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # keys: equal bits, no tolerance
+        x, y, rtol, atol = jax.random.key_data(x), jax.random.key_data(y), 0.0, 0.0
     if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
         if rtol == 0 and atol == 0:
             return jnp.all(x == y)
