@@ -190,8 +190,8 @@ def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> 
 def tree_equal(*pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0) -> Any:
     """Whether all `pytrees` have the same structure and equal leaves.
 
-    Arrays must match in shape, dtype and values (within `rtol`/`atol` if given); other leaves
-    are compared with `==`.
+    Arrays must match in shape, dtype and values (within `rtol`/`atol` if given; typed PRNG
+    keys by their bits, exactly); other leaves are compared with `==`.
 
     Arguments:
         *pytrees: the trees to compare.
