@@ -10,9 +10,10 @@ import numpy as np
 import optax
 import pytest
 from hypothesis import given, settings
-from strategies import float_trees
 
 import treemod as tm
+
+from strategies import float_trees
 
 _trees = float_trees(3)
 

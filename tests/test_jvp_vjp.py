@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import float_trees
 
 import treemod as tm
+
+from strategies import float_trees
 
 _trees = float_trees(2)
 
