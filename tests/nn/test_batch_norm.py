@@ -202,7 +202,7 @@ def test_bad_constructor_arguments() -> None:
         nn.BatchNorm(3, momentum=1.5)
     with pytest.raises(ValueError, match="BatchNorm: eps must be positive"):
         nn.BatchNorm(3, eps=0.0)
-    with pytest.raises(ValueError, match="BatchNorm: dtype must be a floating dtype"):
+    with pytest.raises(TypeError, match="BatchNorm: dtype must be a real floating dtype"):
         nn.BatchNorm(3, dtype=jnp.int32)
     with pytest.warns(UserWarning, match=r"PyTorch's convention.*pass momentum=0.01"):
         nn.BatchNorm(3, momentum=0.99)

@@ -164,6 +164,32 @@ def test_initialisers_draw_the_numbers_of_a_direct_draw(shape, which, seed, part
         jax.config.update("jax_threefry_partitionable", previous)
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    which=st.integers(0, len(_DIRECT_DRAWS) - 1),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_complex_initialisers_draw_real_and_imaginary_parts_from_the_key_halves(shape, which, seed):
+    """A complex dtype: the real part is the real draw from the first half of the key, the
+    imaginary part that from the second (PyTorch and Equinox draw the two parts alike)."""
+    ours, direct = _DIRECT_DRAWS[which]
+    key = jax.random.key(seed)
+    real_key, imag_key = jax.random.split(key)
+    out = ours(key, shape, jnp.complex64)
+    assert out.dtype == jnp.complex64 and out.shape == shape
+    np.testing.assert_allclose(np.real(out), direct(real_key, shape), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.imag(out), direct(imag_key, shape), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 7), (7, 3)])
+def test_complex_orthogonal_is_unitary(shape):
+    q = np.asarray(init.orthogonal(2.0)(jax.random.key(0), shape, jnp.complex64), np.complex128)
+    gram = q @ q.conj().T if shape[0] <= shape[1] else q.conj().T @ q
+    np.testing.assert_allclose(gram, 4.0 * np.eye(min(shape)), atol=1e-5)
+    assert np.abs(q.imag).max() > 0.1  # really complex, not a real matrix cast
+
+
 def test_uniform_and_truncated_bounds():
     w = init.he_uniform(jax.random.key(0), (300, 300))
     assert float(jnp.abs(w).max()) <= math.sqrt(6 / 300)
@@ -215,7 +241,7 @@ def test_bfloat16_layers():
 
 
 def test_initialiser_errors():
-    with pytest.raises(TypeError, match="init.normal: dtype must be a floating dtype"):
+    with pytest.raises(TypeError, match="init.normal: dtype must be a floating or complex dtype"):
         init.normal()(jax.random.key(0), (2,), jnp.int32)
     with pytest.raises(ValueError, match="init.orthogonal needs a shape with at least 2 dims"):
         init.orthogonal()(jax.random.key(0), (3,))
@@ -225,5 +251,7 @@ def test_initialiser_errors():
         init.variance_scaling(1.0, "fan_in", "cauchy")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="KeySeq needs a key"):
         nn.KeySeq(None)
-    with pytest.raises(TypeError, match="Layer dtype must be a floating dtype"):
+    with pytest.raises(TypeError, match="Linear: dtype must be a floating or complex dtype"):
         nn.Linear(2, 2, dtype=jnp.int32, key=jax.random.key(0))
+    with pytest.raises(TypeError, match=r"LayerNorm: dtype must be a real .*: Linear, Conv"):
+        nn.LayerNorm(2, dtype=jnp.complex64)

@@ -656,3 +656,63 @@ def test_spectral_norm_matches_torch_parametrization(iterations):
     # Inference (PyTorch's eval mode): the stored estimates, no iteration.
     ref.eval()
     close(nn.inference_mode(updated)(x), ref(t(x)))
+
+
+def _complex(seed, *shape):
+    real, imag = jax.random.normal(jax.random.key(seed), (2, *shape), jnp.float32)
+    return jax.lax.complex(real, imag)
+
+
+def _tc(a):
+    return torch.from_numpy(np.array(a, dtype=np.complex64))
+
+
+CF = dict(dtype=jnp.complex64)
+COMPLEX_CASES = {
+    "linear": (
+        lambda k: nn.Linear(7, 5, key=k, **CF),
+        lambda: torch.nn.Linear(7, 5, dtype=torch.cfloat),
+        (4, 7),
+    ),
+    "conv2d": (
+        lambda k: nn.Conv2d(4, 6, 3, padding=1, groups=2, key=k, **CF),
+        lambda: torch.nn.Conv2d(4, 6, 3, padding=1, groups=2, dtype=torch.cfloat),
+        (2, 4, 7, 6),
+    ),
+    "conv_transpose2d": (
+        lambda k: nn.ConvTranspose2d(4, 6, 3, stride=2, key=k, **CF),
+        lambda: torch.nn.ConvTranspose2d(4, 6, 3, stride=2, dtype=torch.cfloat),
+        (2, 4, 5, 6),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_CASES)
+def test_complex_layers_match_torch(name):
+    """Complex parameters and inputs: PyTorch's complex layers, same weights, same outputs."""
+    make, make_ref, shape = COMPLEX_CASES[name]
+    layer, ref = make(jax.random.key(0)), make_ref()
+    assert layer.weight.dtype == jnp.complex64 and layer.bias.dtype == jnp.complex64
+    weight = layer.weight
+    if "transpose" in name:  # ours (out, in, *k); PyTorch's (in, out, *k)
+        weight = jnp.swapaxes(weight, 0, 1)
+    with torch.no_grad():
+        ref.weight.copy_(_tc(weight))
+        ref.bias.copy_(_tc(layer.bias))
+    x = _complex(1, *shape)
+    close(layer(x), ref(_tc(x)))
+
+
+def test_complex_default_init_matches_pytorch_in_distribution():
+    """Complex Linear: real and imaginary parts each U(-1/sqrt(fan_in), ...), independent."""
+    torch.manual_seed(0)
+    ours = nn.Linear(400, 500, key=jax.random.key(0), dtype=jnp.complex64)
+    ref = torch.nn.Linear(400, 500, dtype=torch.cfloat)
+    c = 1 / np.sqrt(400)
+    for a, b in ((ours.weight, ref.weight), (ours.bias, ref.bias)):
+        a, b = np.asarray(a).ravel(), b.detach().numpy().ravel()
+        for part in (np.real, np.imag):
+            assert np.abs(part(a)).max() <= c and np.abs(part(b)).max() <= c * (1 + 1e-6)
+            assert abs(part(a).std() - part(b).std()) < 0.05 * part(b).std() + 6 * c / a.size**0.5
+    w = np.asarray(ours.weight).ravel()
+    assert abs(np.corrcoef(w.real, w.imag)[0, 1]) < 0.02  # two independent draws

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float
 
 from .._module import Module, field
 from .._state import State, in_stateful_call, update_state
+from ._utils import default_dtype
 
 __all__ = ["BatchNorm"]
 
@@ -135,9 +136,7 @@ class BatchNorm(Module):
             )
         if not eps > 0:
             raise ValueError(f"BatchNorm: eps must be positive, got {eps!r}.")
-        dtype = jnp.zeros((), dtype).dtype if dtype is not None else jnp.zeros(()).dtype
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise ValueError(f"BatchNorm: dtype must be a floating dtype, got {dtype}.")
+        dtype = jnp.zeros((), default_dtype("BatchNorm", dtype)).dtype  # float64 needs x64
         self.weight = jnp.ones(input_size, dtype) if channelwise_affine else None
         self.bias = jnp.zeros(input_size, dtype) if channelwise_affine else None
         self.running_mean = State(jnp.zeros(input_size, dtype))

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
@@ -73,7 +73,7 @@ def _init_params(
 ) -> tuple[Array, Array | None]:
     """A kernel of `weight_shape` `(out, in/groups, *kernel)` in the layer's layout, and a bias."""
     require_key(owner, key)
-    dtype = default_dtype(dtype)
+    dtype = default_dtype(owner, dtype, complex_ok=True)
     wkey, bkey = jax.random.split(key, 2)
     if weight_init is None:
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
@@ -115,7 +115,7 @@ class Conv(Module):
         groups: number of channel groups (divides both channel counts).
         use_bias: whether to add a bias.
         padding_mode: `"ZEROS"`, `"REFLECT"`, `"REPLICATE"` or `"CIRCULAR"`.
-        dtype: parameter dtype.
+        dtype: parameter dtype (float32 by default; floating or complex).
         weight_init: weight initialiser (default PyTorch's).
         bias_init: bias initialiser (default PyTorch's).
         key: the PRNG key.
@@ -131,8 +131,8 @@ class Conv(Module):
         ((16, 28, 28, 8), (3, 3, 3, 8))
     """
 
-    weight: Float[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
-    bias: Float[Array, " out"] | None
+    weight: Inexact[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
+    bias: Inexact[Array, " out"] | None
     num_spatial_dims: int = field(static=True)
     in_channels: int = field(static=True)
     out_channels: int = field(static=True)
@@ -194,8 +194,8 @@ class Conv(Module):
         self.padding_mode = padding_mode.upper()
 
     def __call__(
-        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "..."]:
+        self, x: Inexact[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Inexact[Array, "..."]:
         """Convolve `x` of shape `(*batch, in_channels, *spatial)`.
 
         Arguments:
@@ -282,8 +282,8 @@ class Conv1d(Conv):
         )
 
     def __call__(
-        self, x: Float[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch out_channels new_length"]:
+        self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Inexact[Array, "*batch out_channels new_length"]:
         """Convolve `x` of shape `(*batch, in_channels, length)`."""
         return super().__call__(x)
 
@@ -336,10 +336,10 @@ class Conv2d(Conv):
 
     def __call__(
         self,
-        x: Float[Array, "*batch in_channels height width"],
+        x: Inexact[Array, "*batch in_channels height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch out_channels new_height new_width"]:
+    ) -> Inexact[Array, "*batch out_channels new_height new_width"]:
         """Convolve `x` of shape `(*batch, in_channels, height, width)`."""
         return super().__call__(x)
 
@@ -390,9 +390,9 @@ class Conv3d(Conv):
 
     def __call__(
         self,
-        x: Float[Array, "*batch in_channels depth height width"],
+        x: Inexact[Array, "*batch in_channels depth height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch out_channels new_depth new_height new_width"]:
+    ) -> Inexact[Array, "*batch out_channels new_depth new_height new_width"]:
         """Convolve `x` of shape `(*batch, in_channels, depth, height, width)`."""
         return super().__call__(x)

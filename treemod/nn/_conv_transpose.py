@@ -8,7 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
@@ -56,7 +56,7 @@ class ConvTranspose(Module):
         padding_mode: `"ZEROS"`, or `"CIRCULAR"`: the transpose of a `Conv` with circular
             padding, whose output wraps around (what falls off one end is added to the other).
             `"REFLECT"` and `"REPLICATE"` have no transpose here.
-        dtype: parameter dtype.
+        dtype: parameter dtype (float32 by default; floating or complex).
         weight_init: weight initialiser.
         bias_init: bias initialiser.
         key: the PRNG key.
@@ -70,8 +70,8 @@ class ConvTranspose(Module):
         (2, 16)
     """
 
-    weight: Float[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
-    bias: Float[Array, " out"] | None
+    weight: Inexact[Array, "..."]  # (out, in/groups, *kernel), or (*kernel, in/groups, out)
+    bias: Inexact[Array, " out"] | None
     num_spatial_dims: int = field(static=True)
     in_channels: int = field(static=True)
     out_channels: int = field(static=True)
@@ -149,8 +149,8 @@ class ConvTranspose(Module):
         self.use_bias = use_bias
 
     def __call__(
-        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "..."]:
+        self, x: Inexact[Array, "..."], *, key: PRNGKeyArray | None = None
+    ) -> Inexact[Array, "..."]:
         """Apply to `x` of shape `(*batch, in_channels, *spatial)`.
 
         Arguments:
@@ -290,8 +290,8 @@ class ConvTranspose1d(ConvTranspose):
         )
 
     def __call__(
-        self, x: Float[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch out_channels new_length"]:
+        self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
+    ) -> Inexact[Array, "*batch out_channels new_length"]:
         """Apply to `x` of shape `(*batch, in_channels, length)`."""
         return super().__call__(x)
 
@@ -346,10 +346,10 @@ class ConvTranspose2d(ConvTranspose):
 
     def __call__(
         self,
-        x: Float[Array, "*batch in_channels height width"],
+        x: Inexact[Array, "*batch in_channels height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch out_channels new_height new_width"]:
+    ) -> Inexact[Array, "*batch out_channels new_height new_width"]:
         """Apply to `x` of shape `(*batch, in_channels, height, width)`."""
         return super().__call__(x)
 
@@ -404,9 +404,9 @@ class ConvTranspose3d(ConvTranspose):
 
     def __call__(
         self,
-        x: Float[Array, "*batch in_channels depth height width"],
+        x: Inexact[Array, "*batch in_channels depth height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch out_channels new_depth new_height new_width"]:
+    ) -> Inexact[Array, "*batch out_channels new_depth new_height new_width"]:
         """Apply to `x` of shape `(*batch, in_channels, depth, height, width)`."""
         return super().__call__(x)

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Integer, PRNGKeyArray
+from jaxtyping import Array, Inexact, Integer, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
@@ -32,7 +32,7 @@ class Embedding(Module):
         num_embeddings: number of rows (vocabulary size).
         embedding_size: size of each vector.
         weight: an existing `(num_embeddings, embedding_size)` table instead of a random one.
-        dtype: parameter dtype.
+        dtype: parameter dtype (float32 by default; floating or complex).
         weight_init: initialiser (default N(0, 1)).
         key: the PRNG key (not needed when `weight` is given).
 
@@ -43,7 +43,7 @@ class Embedding(Module):
         (1, 3, 4)
     """
 
-    weight: Float[Array, "num_embeddings embedding_size"]
+    weight: Inexact[Array, "num_embeddings embedding_size"]
     num_embeddings: int = field(static=True)
     embedding_size: int = field(static=True)
 
@@ -51,7 +51,7 @@ class Embedding(Module):
         self,
         num_embeddings: int | None = None,
         embedding_size: int | None = None,
-        weight: Float[Array, "num_embeddings embedding_size"] | None = None,
+        weight: Inexact[Array, "num_embeddings embedding_size"] | None = None,
         dtype: Any = None,
         *,
         weight_init: _init.Initializer | None = None,
@@ -66,7 +66,8 @@ class Embedding(Module):
             require_key("Embedding", key)
             assert key is not None
             weight_init = _init.normal(1.0) if weight_init is None else weight_init
-            weight = weight_init(key, (num_embeddings, embedding_size), default_dtype(dtype))
+            dtype = default_dtype("Embedding", dtype, complex_ok=True)
+            weight = weight_init(key, (num_embeddings, embedding_size), dtype)
         elif jnp.ndim(weight) != 2:
             raise ValueError(
                 f"Embedding: `weight` must be 2-d (num_embeddings, embedding_size); got shape "
@@ -77,7 +78,7 @@ class Embedding(Module):
 
     def __call__(
         self, x: Integer[Array, "*batch"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch embedding_size"]:
+    ) -> Inexact[Array, "*batch embedding_size"]:
         """Look up rows.
 
         Arguments:

@@ -6,7 +6,7 @@ import math
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from .._module import Module, field
 from . import init as _init
@@ -30,7 +30,8 @@ class Linear(Module):
         in_features: input size, or `"scalar"` for a scalar input.
         out_features: output size, or `"scalar"` for a scalar output.
         use_bias: whether to add a bias.
-        dtype: parameter dtype (float32 by default; bfloat16 works).
+        dtype: parameter dtype (float32 by default; bfloat16 works; complex64 gives a complex
+            layer, as in PyTorch).
         weight_init: initialiser `(key, shape, dtype) -> array` for the `(out, in)` weight
             (default: PyTorch's).
         bias_init: initialiser for the `(out,)` bias (default: PyTorch's).
@@ -45,8 +46,8 @@ class Linear(Module):
         (8, 5, 4)
     """
 
-    weight: Float[Array, "out in"]
-    bias: Float[Array, " out"] | None
+    weight: Inexact[Array, "out in"]
+    bias: Inexact[Array, " out"] | None
     in_features: int | Literal["scalar"] = field(static=True)
     out_features: int | Literal["scalar"] = field(static=True)
     use_bias: bool = field(static=True)
@@ -68,7 +69,7 @@ class Linear(Module):
                 raise ValueError(
                     f"Linear: `{name}` must be a non-negative int or 'scalar'; got {v!r}."
                 )
-        dtype = default_dtype(dtype)
+        dtype = default_dtype("Linear", dtype, complex_ok=True)
         n_in = 1 if in_features == "scalar" else int(in_features)
         n_out = 1 if out_features == "scalar" else int(out_features)
         wkey, bkey = jax.random.split(key, 2)
@@ -87,10 +88,10 @@ class Linear(Module):
 
     def __call__(
         self,
-        x: Float[Array, "*batch in"] | Float[Array, "*batch"],
+        x: Inexact[Array, "*batch in"] | Inexact[Array, "*batch"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch out"] | Float[Array, "*batch"]:
+    ) -> Inexact[Array, "*batch out"] | Inexact[Array, "*batch"]:
         """Apply the layer.
 
         Arguments:

@@ -63,7 +63,7 @@ class LayerNorm(Module):
     ) -> None:
         if elementwise_affine is not None:
             use_weight = use_bias = elementwise_affine
-        dtype = default_dtype(dtype)
+        dtype = default_dtype("LayerNorm", dtype)
         self.shape = _shape(shape)
         self.eps = eps
         self.use_weight = use_weight
@@ -134,7 +134,7 @@ class RMSNorm(Module):
         use_bias: bool = True,
         dtype: Any = None,
     ) -> None:
-        dtype = default_dtype(dtype)
+        dtype = default_dtype("RMSNorm", dtype)
         self.shape = _shape(shape)
         self.eps = eps
         self.use_weight = use_weight
@@ -226,7 +226,7 @@ class GroupNorm(Module):
             raise ValueError(
                 "GroupNorm: channelwise_affine=True needs `channels` (the size of the weight)."
             )
-        dtype = default_dtype(dtype)
+        dtype = default_dtype("GroupNorm", dtype)
         self.groups = groups
         self.channels = channels
         self.eps = eps

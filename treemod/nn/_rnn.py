@@ -30,7 +30,7 @@ def _params(
     extra_bias: bool,
 ) -> tuple[Array, Array, Array | None, Array | None]:
     require_key(owner, key)
-    dtype = default_dtype(dtype)
+    dtype = default_dtype(owner, dtype)
     bound = 1 / math.sqrt(hidden_size) if hidden_size > 0 else 0.0
     default = _init.uniform(-bound, bound)
     weight_init = default if weight_init is None else weight_init

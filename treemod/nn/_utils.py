@@ -11,13 +11,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+COMPLEX_LAYERS = "Linear, Conv, ConvTranspose and Embedding"
 
-def default_dtype(dtype: Any) -> Any:
-    """`dtype`, or float32 when `None`; raises for non-floating dtypes."""
+
+def default_dtype(owner: str, dtype: Any, complex_ok: bool = False) -> Any:
+    """`dtype`, or float32 when `None`; raises for other dtypes than floating (and complex, for
+    the layers that allow it: a complex `Linear` computes what PyTorch's does)."""
     dtype = jnp.float32 if dtype is None else jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"Layer dtype must be a floating dtype (e.g. jnp.bfloat16); got {dtype}.")
-    return dtype
+    if jnp.issubdtype(dtype, jnp.floating) or (
+        complex_ok and jnp.issubdtype(dtype, jnp.complexfloating)
+    ):
+        return dtype
+    allowed = "a floating or complex" if complex_ok else "a real floating"
+    hint = "" if complex_ok else f" (complex parameters: {COMPLEX_LAYERS})"
+    raise TypeError(
+        f"{owner}: dtype must be {allowed} dtype, e.g. jnp.bfloat16{hint}; got {dtype}."
+    )
 
 
 def require_key(owner: str, key: Any) -> None:

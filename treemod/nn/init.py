@@ -4,6 +4,12 @@ Layers take them as `weight_init=` / `bias_init=`. Factories (`normal(0.02)`,
 `variance_scaling(...)`) return such functions. Fans follow the PyTorch layout of weights,
 `(out, in, *kernel)`: `fan_in = in * prod(kernel)`, `fan_out = out * prod(kernel)`.
 
+Every initialiser also takes a complex dtype: the real and imaginary parts are then two
+independent draws of the law it names, as PyTorch's `uniform_` and so its default complex
+`Linear` and `Conv` initialisation (each part U(-1/sqrt(fan_in), 1/sqrt(fan_in))), and Equinox's
+layers, draw them. (`jax.nn.initializers` and PyTorch's `normal_` instead split the variance
+between the two parts.)
+
 Example:
     >>> import jax, jax.numpy as jnp, treemod.nn as nn
     >>> w = nn.init.glorot_uniform(jax.random.key(0), (4, 3))
@@ -15,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -50,24 +57,55 @@ __all__ = [
 DType = Any
 
 
+def _normal(
+    key: PRNGKeyArray, shape: tuple[int, ...], stddev: float = 1.0, mean: float = 0.0
+) -> Array:
+    return jax.random.normal(key, shape, jnp.float32) * stddev + mean
+
+
+def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], minval: float, maxval: float) -> Array:
+    return jax.random.uniform(key, shape, jnp.float32, minval, maxval)
+
+
+def _truncated_normal(
+    key: PRNGKeyArray,
+    shape: tuple[int, ...],
+    lower: float = -2.0,
+    upper: float = 2.0,
+    stddev: float = 1.0,
+    mean: float = 0.0,
+) -> Array:
+    return jax.random.truncated_normal(key, lower, upper, shape, jnp.float32) * stddev + mean
+
+
 Initializer = Callable[..., Array]
 """The type of an initialiser: `init(key, shape, dtype=jnp.float32) -> Array`."""
 
 
-def _check_float(name: str, dtype: DType) -> None:
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"init.{name}: dtype must be a floating dtype, got {jnp.dtype(dtype)}.")
-
-
-def _draw(sample: Callable[[tuple[int, ...]], Array], shape: Sequence[int]) -> Array:
-    """`sample(shape)`, drawn as one flat vector and reshaped.
+def _draw(
+    name: str,
+    sample: Callable[[PRNGKeyArray, tuple[int, ...]], Array],
+    key: PRNGKeyArray,
+    shape: Sequence[int],
+    dtype: DType,
+) -> Array:
+    """`sample(key, shape)` (float32), drawn as one flat vector and reshaped.
 
     JAX's random numbers depend only on the flat index, so the values are those of drawing
     `shape` directly; but inside `jit` a 1-d draw compiles faster, and transposing it (as
-    channels-last layers do with their kernels) costs no extra compile time.
+    channels-last layers do with their kernels) costs no extra compile time. For a complex
+    `dtype` the real and imaginary parts are two independent draws of the same law, from the
+    two halves of `key`.
     """
-    shape = tuple(shape)
-    return sample((math.prod(shape),)).reshape(shape)
+    shape, flat = tuple(shape), (math.prod(shape),)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        real_key, imag_key = jax.random.split(key)
+        return jax.lax.complex(sample(real_key, flat), sample(imag_key, flat)).reshape(shape)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"init.{name}: dtype must be a floating or complex dtype, got {jnp.dtype(dtype)}."
+        )
+    return sample(key, flat).reshape(shape)
 
 
 def zeros(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
@@ -124,9 +162,8 @@ def normal(stddev: float = 1.0, mean: float = 0.0) -> Initializer:
     """
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        _check_float("normal", dtype)
-        x = _draw(lambda s: jax.random.normal(key, s, jnp.float32), shape) * stddev + mean
-        return x.astype(dtype)
+        sample = functools.partial(_normal, stddev=stddev, mean=mean)
+        return _draw("normal", sample, key, shape, dtype).astype(dtype)
 
     return init
 
@@ -153,9 +190,10 @@ def truncated_normal(
     """
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        _check_float("truncated_normal", dtype)
-        x = _draw(lambda s: jax.random.truncated_normal(key, lower, upper, s, jnp.float32), shape)
-        return (x * stddev + mean).astype(dtype)
+        sample = functools.partial(
+            _truncated_normal, lower=lower, upper=upper, stddev=stddev, mean=mean
+        )
+        return _draw("truncated_normal", sample, key, shape, dtype).astype(dtype)
 
     return init
 
@@ -175,9 +213,8 @@ def uniform(minval: float = 0.0, maxval: float = 1.0) -> Initializer:
     """
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        _check_float("uniform", dtype)
-        x = _draw(lambda s: jax.random.uniform(key, s, jnp.float32, minval, maxval), shape)
-        return x.astype(dtype)
+        sample = functools.partial(_uniform, minval=minval, maxval=maxval)
+        return _draw("uniform", sample, key, shape, dtype).astype(dtype)
 
     return init
 
@@ -244,20 +281,19 @@ def variance_scaling(
         )
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        _check_float("variance_scaling", dtype)
         fan_in, fan_out = fans(shape, in_axis, out_axis)
         n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
         variance = scale / max(n, 1)
         shape = tuple(shape)
         if distribution == "uniform":
             bound = math.sqrt(3.0 * variance)
-            x = _draw(lambda s: jax.random.uniform(key, s, jnp.float32, -bound, bound), shape)
+            sample = functools.partial(_uniform, minval=-bound, maxval=bound)
+            x = _draw("variance_scaling", sample, key, shape, dtype)
         elif distribution == "normal":
-            x = _draw(lambda s: jax.random.normal(key, s, jnp.float32), shape) * math.sqrt(variance)
+            x = _draw("variance_scaling", _normal, key, shape, dtype) * math.sqrt(variance)
         else:
             std = math.sqrt(variance) / 0.87962566103423978
-            x = _draw(lambda s: jax.random.truncated_normal(key, -2.0, 2.0, s, jnp.float32), shape)
-            x = x * std
+            x = _draw("variance_scaling", _truncated_normal, key, shape, dtype) * std
         return x.astype(dtype)
 
     return init
@@ -367,14 +403,13 @@ def orthogonal(scale: float = 1.0, column_axis: int = -1) -> Initializer:
     """
 
     def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        _check_float("orthogonal", dtype)
         shape = tuple(shape)
         if len(shape) < 2:
             raise ValueError(f"init.orthogonal needs a shape with at least 2 dims; got {shape}.")
         rows, cols = shape[0], math.prod(shape[1:])
-        a = jax.random.normal(key, (max(rows, cols), min(rows, cols)), jnp.float32)
+        a = _draw("orthogonal", _normal, key, (max(rows, cols), min(rows, cols)), dtype)
         q, r = jnp.linalg.qr(a)
-        q = q * jnp.sign(jnp.diagonal(r))[None, :]
+        q = q * jnp.sign(jnp.diagonal(r))[None, :]  # a unit phase for complex
         if rows < cols:
             q = q.T
         return (q.reshape(shape) * scale).astype(dtype)
