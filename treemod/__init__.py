@@ -26,7 +26,15 @@ from ._state import State, is_param, is_state, stateful, update_state
 
 # Transforms (filter_jit and friends).
 from . import debug as debug
-from ._ad import filter_grad, filter_jvp, filter_value_and_grad, filter_vjp
+from ._ad import (
+    filter_grad,
+    filter_hessian,
+    filter_jacfwd,
+    filter_jacrev,
+    filter_jvp,
+    filter_value_and_grad,
+    filter_vjp,
+)
 from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
@@ -88,6 +96,9 @@ __all__ = [
     "filter_custom_vjp",
     "filter_eval_shape",
     "filter_grad",
+    "filter_hessian",
+    "filter_jacfwd",
+    "filter_jacrev",
     "filter_jit",
     "filter_jvp",
     "filter_make_jaxpr",

@@ -19,19 +19,37 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, Split, function_name, merge_leaves, split_leaves, split_tree
+from ._callable import (
+    IS_ARRAY_TYPE,
+    Split,
+    function_name,
+    merge_leaves,
+    split_leaves,
+    split_tree,
+)
 from ._describe import describe_value
 from ._filters import combine, is_inexact_array, partition
 from ._state import is_param
 
-__all__ = ["filter_grad", "filter_jvp", "filter_value_and_grad", "filter_vjp"]
+__all__ = [
+    "filter_grad",
+    "filter_hessian",
+    "filter_jacfwd",
+    "filter_jacrev",
+    "filter_jvp",
+    "filter_value_and_grad",
+    "filter_vjp",
+]
 
 
 class _GradWrapper:
-    def __init__(self, fun: Callable[..., Any], has_aux: bool, value: bool) -> None:
+    """`fun` under one of JAX's derivative transforms, taken with respect to the parameters
+    (`is_param`) of its first argument; `name` is the public function that made it."""
+
+    def __init__(self, fun: Callable[..., Any], has_aux: bool, name: str) -> None:
         self._fun = fun
         self._has_aux = has_aux
-        self._value = value
+        self._name = name
         if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
             functools.update_wrapper(self, fun, updated=())
         else:
@@ -39,10 +57,9 @@ class _GradWrapper:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if not args:
-            name = "filter_value_and_grad" if self._value else "filter_grad"
             raise TypeError(
-                f"{name}: the function must be called with its first argument (the one being "
-                "differentiated, usually the model) passed positionally."
+                f"{self._name}: the function must be called with its first argument (the one "
+                "being differentiated, usually the model) passed positionally."
             )
         x, rest = args[0], args[1:]
         diff, nondiff = partition(x, is_param)
@@ -51,9 +68,18 @@ class _GradWrapper:
         def with_params(diff_x: Any) -> Any:
             return fun(combine(diff_x, nondiff), *rest, **kwargs)
 
-        value_and_grad = jax.value_and_grad(with_params, has_aux=self._has_aux)
-        value, grads = value_and_grad(diff)
-        if self._value:
+        if self._name in _JACOBIANS:
+            if self._has_aux:  # JAX maps the aux too: its non-array leaves ride in the structure
+
+                def with_split_aux(diff_x: Any) -> Any:
+                    out, aux = with_params(diff_x)
+                    return out, _SplitAux(*split_tree(aux))
+
+                jac, aux = _JACOBIANS[self._name](with_split_aux, has_aux=True)(diff)
+                return jac, aux.split.rebuild(aux.arrays)
+            return _JACOBIANS[self._name](with_params)(diff)
+        value, grads = jax.value_and_grad(with_params, has_aux=self._has_aux)(diff)
+        if self._name == "filter_value_and_grad":
             return value, grads
         if self._has_aux:
             return grads, value[1]
@@ -94,7 +120,7 @@ def filter_value_and_grad(fun: Callable[..., Any] | None = None, *, has_aux: boo
     """
     if fun is None:
         return functools.partial(filter_value_and_grad, has_aux=has_aux)
-    return _GradWrapper(fun, has_aux, value=True)
+    return _GradWrapper(fun, has_aux, "filter_value_and_grad")
 
 
 def filter_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
@@ -127,7 +153,103 @@ def filter_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False)
     """
     if fun is None:
         return functools.partial(filter_grad, has_aux=has_aux)
-    return _GradWrapper(fun, has_aux, value=False)
+    return _GradWrapper(fun, has_aux, "filter_grad")
+
+
+class _SplitAux:
+    """An aux output as a pytree of its arrays alone, through any number of JAX's flattens."""
+
+    def __init__(self, arrays: list[Any], split: Split) -> None:
+        self.arrays = arrays
+        self.split = split
+
+
+jtu.register_pytree_node(_SplitAux, lambda a: (a.arrays, a.split), lambda s, c: _SplitAux(c, s))
+
+
+# A Hessian is the forward-mode Jacobian of a reverse-mode one (as `jax.hessian`).
+_JACOBIANS = {
+    "filter_jacfwd": jax.jacfwd,
+    "filter_jacrev": jax.jacrev,
+    "filter_hessian": jax.jacfwd,
+}
+
+
+def filter_jacfwd(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+    """Like `jax.jacfwd` (forward mode), with respect to the parameters of the first argument.
+
+    The parameters are those `filter_grad` differentiates (`treemod.is_param`); the other
+    leaves of the first argument, and the other arguments, are held fixed. Forward mode costs
+    one pass per parameter element: use it when there are fewer inputs than outputs.
+
+    Arguments:
+        fun: a function whose first argument is the model (or any pytree) and which returns
+            an array or a pytree of arrays (or `(output, aux)` with `has_aux=True`). Omit it to
+            use as a decorator with options.
+        has_aux: whether `fun` returns `(output, aux)`; the wrapper then returns `(jac, aux)`.
+
+    Returns:
+        A function returning the Jacobian: the structure of the output, with each of its
+        arrays replaced by a tree with the structure of `treemod.filter(x, treemod.is_param)`
+        whose arrays have the output array's shape followed by the parameter's.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> f = lambda p, x: p["w"] * x + p["n"]
+        >>> jac = tm.filter_jacfwd(f)({"w": jnp.array([1.0, 2.0]), "n": 1}, jnp.array([3.0, 4.0]))
+        >>> jac["w"]
+        Array([[3., 0.],
+               [0., 4.]], dtype=float32)
+        >>> jac["n"] is None
+        True
+    """
+    if fun is None:
+        return functools.partial(filter_jacfwd, has_aux=has_aux)
+    return _GradWrapper(fun, has_aux, "filter_jacfwd")
+
+
+def filter_jacrev(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+    """Like `jax.jacrev` (reverse mode), with respect to the parameters of the first argument.
+
+    As `filter_jacfwd`, computed in reverse mode: one pass per output element, so use it when
+    there are fewer outputs than inputs. The result has the same structure.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> f = lambda p: jnp.stack([p["w"].sum(), (p["w"] ** 2).sum()])
+        >>> tm.filter_jacrev(f)({"w": jnp.array([1.0, 2.0]), "act": "relu"})["w"]
+        Array([[1., 1.],
+               [2., 4.]], dtype=float32)
+    """
+    if fun is None:
+        return functools.partial(filter_jacrev, has_aux=has_aux)
+    return _GradWrapper(fun, has_aux, "filter_jacrev")
+
+
+def filter_hessian(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+    """Like `jax.hessian`: `filter_jacfwd(filter_jacrev(fun))`, over the parameters of the
+    first argument.
+
+    Arguments:
+        fun: a function whose first argument is the model and which returns a scalar (or
+            `(scalar, aux)` with `has_aux=True`).
+        has_aux: whether `fun` returns `(value, aux)`; the wrapper then returns
+            `(hessian, aux)`.
+
+    Returns:
+        A function returning the Hessian, a tree of trees: `hessian[a][b]` (for parameter
+        paths `a` and `b`) has the shape of parameter `a` followed by that of `b`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> f = lambda p: (p["w"] ** 3).sum()
+        >>> tm.filter_hessian(f)({"w": jnp.array([1.0, 2.0])})["w"]["w"]
+        Array([[ 6.,  0.],
+               [ 0., 12.]], dtype=float32)
+    """
+    if fun is None:
+        return functools.partial(filter_hessian, has_aux=has_aux)
+    return _GradWrapper(filter_jacrev(fun, has_aux=has_aux), has_aux, "filter_hessian")
 
 
 def _is_none(x: Any) -> bool:
