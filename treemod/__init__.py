@@ -39,6 +39,7 @@ from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
 from ._custom_vjp import filter_custom_vjp
+from ._error_if import error_if
 from ._eval_shape import filter_eval_shape
 from ._jit import filter_jit
 from ._make_jaxpr import filter_make_jaxpr
@@ -92,6 +93,7 @@ __all__ = [
     "update_state",
     # Transforms.
     "enable_compile_cache",
+    "error_if",
     "filter_checkpoint",
     "filter_custom_vjp",
     "filter_eval_shape",
