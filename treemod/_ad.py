@@ -11,7 +11,6 @@ floating-point arrays of every argument, `None` standing for "no tangent" / "no 
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import jax.tree_util as jtu
 from ._callable import (
     IS_ARRAY_TYPE,
     Split,
+    TransformedFunction,
     function_name,
     merge_leaves,
     split_leaves,
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class _GradWrapper:
+class _GradWrapper(TransformedFunction):
     """`fun` under one of JAX's derivative transforms, taken with respect to the parameters
     (`is_param`) of its first argument; `name` is the public function that made it."""
 
@@ -50,10 +50,7 @@ class _GradWrapper:
         self._fun = fun
         self._has_aux = has_aux
         self._name = name
-        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun, updated=())
-        else:
-            self.__wrapped__ = fun
+        self._wraps(fun)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         if not args:
@@ -84,11 +81,6 @@ class _GradWrapper:
         if self._has_aux:
             return grads, value[1]
         return grads
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(self, instance)
 
 
 def filter_value_and_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:

@@ -6,6 +6,7 @@ Nothing here is public. The transforms split the leaves of `(fn, args, kwargs)` 
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -180,6 +181,29 @@ def _unhashable_node(node: Any, path: tuple) -> tuple[tuple, Any] | None:
                 return found
         return path, node
     return None
+
+
+class TransformedFunction:
+    """Base of the filtered transforms' wrappers (`filter_jit(f)`, `filter_grad(f)`, ...).
+
+    A wrapper takes the name, docstring and `__wrapped__` of the function it wraps, so that
+    `inspect` and the docs see that function, and binds like a function: set as a class
+    attribute (a decorated method), it receives the instance as its first argument.
+    """
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _wraps(self, fun: Any) -> None:
+        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
+            functools.update_wrapper(self, fun, updated=())
+        else:
+            self.__wrapped__ = fun
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
 
 
 class Split:

@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from ._callable import pack_output, split_fn, split_tree
+from ._callable import TransformedFunction, pack_output, split_fn, split_tree
 
 __all__ = ["filter_checkpoint"]
 
 
-class _CheckpointWrapper:
+class _CheckpointWrapper(TransformedFunction):
     def __init__(self, fun: Callable[..., Any], prevent_cse: bool, policy: Any) -> None:
         self._fun = fun
         self._fn_tree, self._call = split_fn(fun)
         self._prevent_cse = prevent_cse
         self._policy = policy
-        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun, updated=())
-        else:
-            self.__wrapped__ = fun
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(self, instance)
+        self._wraps(fun)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         dynamic, split = split_tree((self._fn_tree, args, kwargs))

@@ -9,9 +9,7 @@ unflatten rebuilds non-array outputs, so nothing else runs in Python and nothing
 
 from __future__ import annotations
 
-import functools
 import os
-import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -23,6 +21,7 @@ import jax.tree_util as jtu
 
 from ._callable import (
     KINDS,
+    TransformedFunction,
     function_name,
     merge_leaves,
     pack_output,
@@ -111,7 +110,7 @@ def _named(fn: Callable, name: str) -> Callable:
     return fn
 
 
-class _JitWrapper:
+class _JitWrapper(TransformedFunction):
     """The callable returned by `filter_jit`."""
 
     def __init__(self, fn: Any, donate: str, explain_retraces: bool | None) -> None:
@@ -128,10 +127,7 @@ class _JitWrapper:
             target = None
         self._traces = _traces_for(target, donate, explain_retraces)
         self._cache = self._traces.cache
-        if isinstance(fn, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fn, updated=())
-        else:
-            self.__wrapped__ = fn
+        self._wraps(fn)
 
     # The hot path: keep it short.
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
@@ -146,11 +142,6 @@ class _JitWrapper:
             self._raise_unhashable(args, kwargs)
             raise
         return entry(list(compress(leaves, mask)))
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"

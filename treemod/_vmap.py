@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -11,7 +10,14 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import IS_ARRAY_TYPE, function_name, merge_leaves, render_path, split_leaves
+from ._callable import (
+    IS_ARRAY_TYPE,
+    TransformedFunction,
+    function_name,
+    merge_leaves,
+    render_path,
+    split_leaves,
+)
 
 __all__ = ["filter_vmap", "if_array"]
 
@@ -87,7 +93,7 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
     return axes
 
 
-class _VmapWrapper:
+class _VmapWrapper(TransformedFunction):
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -102,15 +108,7 @@ class _VmapWrapper:
         self._axis_name = axis_name
         self._axis_size = axis_size
         self._name = function_name(fun)
-        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
-            functools.update_wrapper(self, fun, updated=())
-        else:
-            self.__wrapped__ = fun
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(self, instance)
+        self._wraps(fun)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         name, in_axes = self._name, self._in_axes
