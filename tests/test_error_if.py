@@ -43,3 +43,26 @@ def test_returns_x_and_passes_the_derivative_through() -> None:
 def test_pred_must_be_boolean_and_the_error_names_it() -> None:
     with pytest.raises(TypeError, match=r"error_if: `pred` must be a boolean .* got f32\[2\]"):
         tm.error_if(jnp.ones(2), jnp.ones(2), "msg")
+
+
+def test_branched_error_if_raises_the_message_of_the_first_true_element() -> None:
+    def check(x: jax.Array) -> jax.Array:
+        bad = ~jnp.isfinite(x)
+        return tm.branched_error_if(x, bad, jnp.isnan(x).astype(jnp.int32), ["inf", "nan"])
+
+    jax.block_until_ready(tm.filter_jit(check)(jnp.array([1.0, 2.0])))
+    for run in (check, tm.filter_jit(check)):
+        with pytest.raises(RuntimeError, match="nan"):
+            jax.block_until_ready(run(jnp.array([1.0, jnp.nan, jnp.inf])))
+        with pytest.raises(RuntimeError, match="inf"):
+            jax.block_until_ready(run(jnp.array([jnp.inf, jnp.nan])))
+    batch = jnp.array([[1.0, 2.0], [3.0, jnp.inf], [jnp.nan, 1.0]])  # example 1 is first
+    with pytest.raises(RuntimeError, match="inf"):
+        jax.block_until_ready(jax.jit(jax.vmap(check))(batch))
+
+
+def test_branched_error_if_index_must_be_integer_and_the_error_names_it() -> None:
+    with pytest.raises(TypeError, match=r"branched_error_if: `index` must be an integer .* f32"):
+        tm.branched_error_if(jnp.ones(2), jnp.ones(2) > 0, jnp.ones(2), ["a"])
+    with pytest.raises(TypeError, match=r"branched_error_if: `pred` must be a boolean"):
+        tm.branched_error_if(jnp.ones(2), jnp.ones(2), 0, ["a"])

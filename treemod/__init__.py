@@ -39,7 +39,7 @@ from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
 from ._custom_vjp import filter_custom_vjp
-from ._error_if import error_if
+from ._error_if import branched_error_if, error_if
 from ._eval_shape import filter_eval_shape
 from ._jit import filter_jit
 from ._make_jaxpr import filter_make_jaxpr
@@ -92,6 +92,7 @@ __all__ = [
     "stateful",
     "update_state",
     # Transforms.
+    "branched_error_if",
     "enable_compile_cache",
     "error_if",
     "filter_checkpoint",
