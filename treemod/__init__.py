@@ -38,6 +38,7 @@ from ._ad import (
 from ._callback import filter_pure_callback
 from ._checkpoint import filter_checkpoint
 from ._compile_cache import enable_compile_cache
+from ._custom_jvp import filter_custom_jvp
 from ._custom_vjp import filter_custom_vjp
 from ._error_if import branched_error_if, error_if
 from ._eval_shape import filter_eval_shape
@@ -96,6 +97,7 @@ __all__ = [
     "enable_compile_cache",
     "error_if",
     "filter_checkpoint",
+    "filter_custom_jvp",
     "filter_custom_vjp",
     "filter_eval_shape",
     "filter_grad",
