@@ -175,3 +175,9 @@ def test_summary_lists_modules_without_parameters() -> None:
         [".layers[0]", "Linear", "4", "16"],
         [".layers[1]", "Activation", "0", "0"],
     ]
+
+
+def test_tree_pprint_prints_tree_pformat(capsys) -> None:
+    tree = {"layers": [jnp.zeros((2, 3))] * 20, "act": "relu"}
+    tm.tree_pprint(tree, max_items=4, width=40)
+    assert capsys.readouterr().out == tm.tree_pformat(tree, max_items=4, width=40) + "\n"

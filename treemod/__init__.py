@@ -14,7 +14,7 @@ from ._filters import (
     is_inexact_array_like,
     partition,
 )
-from ._pretty import tree_pformat, tree_summary
+from ._pretty import tree_pformat, tree_pprint, tree_summary
 from ._tree import apply_updates, tree_at, tree_equal
 
 # The Module core.
@@ -78,6 +78,7 @@ __all__ = [
     "tree_at",
     "tree_equal",
     "tree_pformat",
+    "tree_pprint",
     "tree_summary",
     # The Module core.
     "AbstractClassVar",

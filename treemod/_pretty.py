@@ -12,7 +12,7 @@ import wadler_lindig as wl
 from ._describe import describe_array
 from ._filters import is_array
 
-__all__ = ["tree_pformat", "tree_summary"]
+__all__ = ["tree_pformat", "tree_pprint", "tree_summary"]
 
 _MAX_ITEMS = 12
 
@@ -88,6 +88,17 @@ def tree_pformat(
         raise ValueError(f"tree_pformat: max_items must be at least 3, got {max_items}.")
     custom = _custom(max_items, indent, short_arrays)
     return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=short_arrays)
+
+
+def tree_pprint(pytree: Any, **kwargs: Any) -> None:
+    """Print `tree_pformat(pytree, **kwargs)` (Equinox's `tree_pprint`).
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> tm.tree_pprint({"w": jnp.zeros(3), "act": "relu"})
+        {'w': f32[3], 'act': 'relu'}
+    """
+    print(tree_pformat(pytree, **kwargs))
 
 
 def _is_module(x: Any) -> bool:
