@@ -1,10 +1,14 @@
 """tree_at, tree_equal and apply_updates."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import treemod as tm
 
@@ -257,3 +261,24 @@ def test_apply_updates_with_optax_matches_plain_jax() -> None:
     new = tm.apply_updates(model, updates)
     np.testing.assert_allclose(new.weight, np.array([1.0, 2.0]) * (1 - 0.2), rtol=1e-6)
     np.testing.assert_allclose(new.bias, np.array([0.5]) * (1 - 0.2), rtol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    param_dtype=st.sampled_from([jnp.bfloat16, jnp.float16, jnp.float32]),
+    update_dtype=st.sampled_from([jnp.bfloat16, jnp.float16, jnp.float32]),
+    values=st.lists(st.floats(-100, 100, width=16), min_size=2, max_size=2),
+)
+def test_apply_updates_keeps_the_parameter_dtype_as_optax_does(
+    param_dtype: Any, update_dtype: Any, values: list
+) -> None:
+    optax = pytest.importorskip("optax")
+    params = {"w": jnp.asarray(values, param_dtype), "n": jnp.int32(3)}
+    updates = {"w": jnp.asarray(values[::-1], update_dtype) / 3, "n": None}
+    ours = tm.apply_updates(params, updates)
+    assert ours["w"].dtype == param_dtype and ours["n"] is params["n"]
+    with jax.numpy_dtype_promotion("standard"):  # optax adds with the standard promotion
+        theirs = optax.apply_updates({"w": params["w"]}, {"w": updates["w"]})
+    np.testing.assert_array_equal(
+        np.asarray(ours["w"], np.float32), np.asarray(theirs["w"], np.float32)
+    )
