@@ -235,7 +235,9 @@ def filter_hessian(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fal
     Example:
         >>> import jax.numpy as jnp, treemod as tm
         >>> f = lambda p: (p["w"] ** 3).sum()
-        >>> tm.filter_hessian(f)({"w": jnp.array([1.0, 2.0])})["w"]["w"]
+        >>> hessian = tm.filter_hessian(f)({"w": jnp.array([1.0, 2.0])})
+        >>> d_w = hessian["w"]  # the derivatives of the gradient of w, a tree like the input
+        >>> d_w["w"]
         Array([[ 6.,  0.],
                [ 0., 12.]], dtype=float32)
     """
