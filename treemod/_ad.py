@@ -43,13 +43,17 @@ __all__ = [
 
 
 class _GradWrapper(TransformedFunction):
-    """`fun` under one of JAX's derivative transforms, taken with respect to the parameters
-    (`is_param`) of its first argument; `name` is the public function that made it."""
+    """`fun` differentiated with respect to the parameters (`is_param`) of its first argument:
+    by `jax.value_and_grad`, or by `jacobian` (`jax.jacfwd` or `jax.jacrev`) when given; `name`
+    is the public function that made it."""
 
-    def __init__(self, fun: Callable[..., Any], has_aux: bool, name: str) -> None:
+    def __init__(
+        self, fun: Callable[..., Any], has_aux: bool, name: str, jacobian: Any = None
+    ) -> None:
         self._fun = fun
         self._has_aux = has_aux
         self._name = name
+        self._jacobian = jacobian
         self._wraps(fun)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
@@ -65,16 +69,16 @@ class _GradWrapper(TransformedFunction):
         def with_params(diff_x: Any) -> Any:
             return fun(combine(diff_x, nondiff), *rest, **kwargs)
 
-        if self._name in _JACOBIANS:
+        if self._jacobian is not None:
             if self._has_aux:  # JAX maps the aux too: its non-array leaves ride in the structure
 
                 def with_split_aux(diff_x: Any) -> Any:
                     out, aux = with_params(diff_x)
                     return out, _SplitAux(*split_tree(aux))
 
-                jac, aux = _JACOBIANS[self._name](with_split_aux, has_aux=True)(diff)
+                jac, aux = self._jacobian(with_split_aux, has_aux=True)(diff)
                 return jac, aux.split.rebuild(aux.arrays)
-            return _JACOBIANS[self._name](with_params)(diff)
+            return self._jacobian(with_params)(diff)
         value, grads = jax.value_and_grad(with_params, has_aux=self._has_aux)(diff)
         if self._name == "filter_value_and_grad":
             return value, grads
@@ -159,14 +163,6 @@ class _SplitAux:
 jtu.register_pytree_node(_SplitAux, lambda a: (a.arrays, a.split), lambda s, c: _SplitAux(c, s))
 
 
-# A Hessian is the forward-mode Jacobian of a reverse-mode one (as `jax.hessian`).
-_JACOBIANS = {
-    "filter_jacfwd": jax.jacfwd,
-    "filter_jacrev": jax.jacrev,
-    "filter_hessian": jax.jacfwd,
-}
-
-
 def filter_jacfwd(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
     """Like `jax.jacfwd` (forward mode), with respect to the parameters of the first argument.
 
@@ -197,7 +193,7 @@ def filter_jacfwd(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fals
     """
     if fun is None:
         return functools.partial(filter_jacfwd, has_aux=has_aux)
-    return _GradWrapper(fun, has_aux, "filter_jacfwd")
+    return _GradWrapper(fun, has_aux, "filter_jacfwd", jax.jacfwd)
 
 
 def filter_jacrev(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
@@ -215,7 +211,7 @@ def filter_jacrev(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fals
     """
     if fun is None:
         return functools.partial(filter_jacrev, has_aux=has_aux)
-    return _GradWrapper(fun, has_aux, "filter_jacrev")
+    return _GradWrapper(fun, has_aux, "filter_jacrev", jax.jacrev)
 
 
 def filter_hessian(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
@@ -243,7 +239,9 @@ def filter_hessian(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fal
     """
     if fun is None:
         return functools.partial(filter_hessian, has_aux=has_aux)
-    return _GradWrapper(filter_jacrev(fun, has_aux=has_aux), has_aux, "filter_hessian")
+    # The forward-mode Jacobian of the reverse-mode one, as `jax.hessian`.
+    inner = filter_jacrev(fun, has_aux=has_aux)
+    return _GradWrapper(inner, has_aux, "filter_hessian", jax.jacfwd)
 
 
 def _is_none(x: Any) -> bool:
