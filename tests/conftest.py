@@ -10,6 +10,9 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# The references (PyTorch, NumPy) compute float32 matmuls exactly; on GPUs JAX's default
+# precision lets them round inputs to TF32. Tests of treemod's own precision choices set theirs.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -324,6 +324,15 @@ def test_general_pool_errors_name_the_class_and_the_argument():
         nn.AdaptiveAvgPool(1, 2, channels_last=True)(jnp.ones(3))
 
 
+def test_adaptive_avg_pool_asks_for_exact_float32_matmuls():
+    # Its averaging is a matmul; with JAX's default precision a GPU would round the inputs to
+    # TF32. The CPU computes either exactly, so check the precision the program asks for.
+    pool = nn.AdaptiveAvgPool((2, 3), 2)
+    text = str(jax.make_jaxpr(pool)(jnp.ones((4, 5, 7))))  # the dots sit in a nested jaxpr
+    assert text.count("dot_general[") == 2
+    assert text.count("precision=(Precision.HIGHEST, Precision.HIGHEST)") == 2
+
+
 @settings(max_examples=10, deadline=None)
 @given(
     st.lists(st.integers(1, 5), min_size=1, max_size=3).flatmap(
