@@ -93,6 +93,45 @@ def test_static_leaves_and_non_array_outputs() -> None:
     assert tm.debug.get_num_traces(f) == 3
 
 
+@pytest.mark.parametrize("donate", ["none", "all"])
+def test_non_array_outputs_keep_jax_fast_dispatch(donate: str, monkeypatch) -> None:
+    # A float or function leaf among the outputs used to send every call down JAX's Python
+    # dispatch (about ten times slower). Count the calls that take that path after warm-up.
+    from jax._src import pjit
+
+    python_path = getattr(pjit, "_run_python_pjit", None)
+    if python_path is None:
+        pytest.skip("this JAX version has no jax._src.pjit._run_python_pjit to count")
+    calls = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return python_path(*args, **kwargs)
+
+    class Scaled(tm.Module):
+        w: jax.Array
+        scale: float  # plain fields: leaves of the tree that are not arrays
+        activation: Any
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.activation(self.w * x * self.scale)
+
+    model = Scaled(jnp.arange(3.0), 0.5, jax.nn.gelu)
+
+    def double(m: Scaled, x: jax.Array) -> tuple[Scaled, jax.Array, str]:
+        return tm.tree_at(lambda m: m.w, m, 2 * m.w), m(x), "tag"
+
+    step = tm.filter_jit(double, donate=donate)
+    model, y, tag = step(model, jnp.ones(3))
+    monkeypatch.setattr(pjit, "_run_python_pjit", counting)
+    for _ in range(3):
+        model, y, tag = step(model, jnp.ones(3))  # a new x: "all" donates it
+    assert calls == []
+    assert (model.scale, model.activation, tag) == (0.5, jax.nn.gelu, "tag")
+    np.testing.assert_allclose(model.w, np.arange(3.0) * 16)
+    np.testing.assert_allclose(y, jax.nn.gelu(np.arange(3.0) * 8 * 0.5), rtol=1e-6)
+
+
 def test_numpy_and_jax_arrays_share_a_trace() -> None:
     f = tm.filter_jit(lambda x: x + 1)
     np.testing.assert_allclose(f(np.ones(2, np.float32)), [2.0, 2.0])

@@ -3,8 +3,9 @@
 Per call the wrapper does as little Python as possible: one C++ flatten of
 `(fn_tree, args, kwargs)`, a cached classification of the leaf types, two `compress` passes and
 one dict lookup keyed by `(treedef, static leaf types, static leaves)`. Each key owns a `jax.jit`
-of a function that rebuilds the arguments; its output comes back through `Packed`, whose
-unflatten rebuilds non-array outputs, so nothing else runs in Python and nothing blocks.
+of a function that rebuilds the arguments. An output with non-array leaves comes back as a
+`HeldPacked` with only arrays as leaves, which keeps JAX's C++ dispatch path, and is rebuilt
+after the call; nothing blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ._callable import (
     pack_output,
     split_fn,
     unhashable_error,
+    unpack_output,
 )
 from ._retrace import aval_of, explain, logger
 
@@ -141,7 +143,7 @@ class _JitWrapper(TransformedFunction):
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
-        return entry(list(compress(leaves, mask)))
+        return unpack_output(entry(list(compress(leaves, mask))))
 
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"
@@ -225,7 +227,7 @@ class _JitWrapper(TransformedFunction):
                 out = fn_tree(*args, **kwargs)
             else:
                 out = plain_fn(*args, **kwargs)
-            return pack_output(out)
+            return pack_output(out, held=True)
 
         return _named(inner, name)
 
@@ -298,10 +300,10 @@ class Compiled:
         dynamic = list(compress(leaves, mask))
         k = self._k
         if k is None:
-            return self._compiled(dynamic)
+            return unpack_output(self._compiled(dynamic))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
-            return self._compiled(dynamic[:k], dynamic[k:])
+            return unpack_output(self._compiled(dynamic[:k], dynamic[k:]))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._compiled, name)
