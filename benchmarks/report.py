@@ -373,8 +373,9 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
 def _machine(mach: dict[str, Any]) -> str:
     """CPU, cores, platform, Python and library versions, in one line."""
     versions = ", ".join(f"{k} {val}" for k, val in mach["versions"].items() if val)
+    device = f"; runs on {mach['accelerator']}" if mach.get("accelerator", "cpu") != "cpu" else ""
     return (
-        f"{mach['cpu']}, {mach['cores']} cores, {mach['platform']}, "
+        f"{mach['cpu']}, {mach['cores']} cores{device}, {mach['platform']}, "
         f"Python {mach['python']}; {versions}"
     )
 

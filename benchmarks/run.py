@@ -126,12 +126,27 @@ def machine() -> dict[str, Any]:
             versions[dist] = None
     return {
         "cpu": cpu,
+        "accelerator": accelerator(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": versions,
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
+
+
+def accelerator() -> str:
+    """The device the workers run on (JAX_PLATFORMS decides), as JAX names it: "cpu", or the
+    GPU's model. Asked in a subprocess, so that this process never initialises a backend."""
+    code = "import jax; d = jax.devices()[0]; print(d.platform, d.device_kind, sep=': ')"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return f"unknown ({(proc.stderr.strip().splitlines() or ['no output'])[-1]})"
+    platform_name, _, kind = lines[-1].partition(": ")
+    return platform_name if platform_name == "cpu" else f"{platform_name}: {kind}"
 
 
 def _env() -> dict[str, str]:
@@ -264,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     repeats = args.repeats or (1 if args.quick else 5)
     args.jobs = args.jobs or (2 if args.quick else 1)
+    if args.jobs > 1:  # on a GPU each worker would otherwise take 75% of its memory at start
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out_dir = Path(args.out) if args.out else DEFAULT_OUT / ("quick" if args.quick else "")
     config = {**(QUICK_CONFIG if args.quick else FULL_CONFIG), **json.loads(args.config)}
 
