@@ -163,6 +163,24 @@ def test_linear_stages_as_few_ops_as_plain_jax(shape):
     assert ops.count("reshape") == (1 if len(shape) == 2 else 3), ops
 
 
+NORM_AND_LINEAR = [nn.LayerNorm(8), nn.RMSNorm(8), nn.Linear(8, 8, key=K)]
+
+
+@pytest.mark.parametrize("layer", NORM_AND_LINEAR, ids=lambda m: type(m).__name__)
+def test_layer_core_sees_batch_dims_flattened_to_rows(layer):
+    """On `(batch, sequence, width)` activations a layer's core computes on `(rows, width)`.
+
+    Not cosmetic: XLA:CPU builds very large, depth-growing fusions for the backward pass of a
+    Transformer whose LayerNorms work on rank-3 activations; on rows it does not (see
+    `benchmarks/results/experiments/layernorm_rank/`).
+    """
+    top = jax.make_jaxpr(layer)(jnp.ones((2, 5, 8))).jaxpr
+    assert [e.primitive.name for e in top.eqns] == ["reshape", "jit", "reshape"]
+    core = top.eqns[1]
+    assert [v.aval.shape for v in core.invars][-1] == (10, 8)  # the parameters come first
+    assert [v.aval.shape for v in core.outvars] == [(10, 8)]
+
+
 def _nested_programs(jaxpr):
     return [e.params["jaxpr"] for e in jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
 

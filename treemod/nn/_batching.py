@@ -74,7 +74,8 @@ def batch_apply(owner: str, method: Callable[..., Any], inputs: Sequence[Core]) 
     The core runs as its own cached, nested `filter_jit`. Layers with the same configuration
     and input shapes share it, so a deep model differentiates, transposes and lowers each
     distinct layer once rather than once per layer, and traces faster than the same code
-    written inline. XLA inlines the nested calls, so the compiled program does not change.
+    written inline. XLA inlines the nested calls, so the compiled program is essentially the
+    inline one.
 
     Arguments:
         owner: the layer's class name, for error messages.
