@@ -34,7 +34,7 @@ import jax
 from benchmarks.run import unavailable
 from benchmarks.same_program import _compiles_seen, compile_times
 from benchmarks.worker import _batch
-from benchmarks.workloads import MODULES, jax_dicts, treemod_models
+from benchmarks.workloads import MODULES, jax_dicts
 from benchmarks.workloads.spec import Workload, workloads
 
 VERSIONS = ("jax", "jax_rows", "treemod")
@@ -50,11 +50,12 @@ _ln_natural = jax_dicts._ln
 
 @contextlib.contextmanager
 def _version(name: str) -> Iterator[Any]:
-    """The workload module of `name`, with the plain-JAX LayerNorm swapped in for `jax_rows`."""
+    """The workload module of `name` (a version or a library), with the plain-JAX LayerNorm
+    swapped for `jax_rows`."""
     if name == "jax_rows":
         jax_dicts._ln = _ln_rows  # looked up when the step is traced
     try:
-        yield treemod_models if name == "treemod" else jax_dicts
+        yield jax_dicts if name == "jax_rows" else importlib.import_module(MODULES[name])
     finally:
         jax_dicts._ln = _ln_natural
 
@@ -108,13 +109,7 @@ def peers_table(w: Workload, depths: list[int]) -> None:
             continue
         for depth in depths:
             wd = dataclasses.replace(w, depth=depth)
-            case = importlib.import_module(MODULES[name]).build(wd)
-            carry = case.make_carry(case.make_model(0))
-            x, y = _batch(wd, wd.tiny_batch, case.channels_last)
-            with _compiles_seen() as seen:
-                jax.block_until_ready(case.step(carry, x, y)[1])
-            text = max((a[1].operation.get_asm(enable_debug_info=False) for a in seen), key=len)
-            lines, largest = _optimised(text)
+            lines, largest = _optimised(_first_step(name, wd, wd.tiny_batch)[2])
             print(f"{depth:>5} {name:<9} {'':<28} {lines:>9}  {largest}", flush=True)
 
 
