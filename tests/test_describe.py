@@ -1,4 +1,4 @@
-"""The one format for arrays and values in reprs and error messages (`treemod._describe`)."""
+"""The one format for arrays and values in reprs and error messages (`treemod._format.describe`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import wadler_lindig as wl
 
 import treemod as tm
-from treemod._describe import describe_array, describe_value, short_dtype
+from treemod._format.describe import describe_array, describe_value, short_dtype
 
 DTYPES = [
     jnp.bool_, jnp.int4, jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint32, jnp.bfloat16,

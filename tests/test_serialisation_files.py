@@ -60,7 +60,7 @@ def _error(tmp_path: pathlib.Path, raw: bytes, **kwargs) -> str:
 
 def _rehash(header: dict) -> dict:
     """Recompute the header checksum, as a forger (or a buggy writer) would."""
-    from treemod._safetensors import header_digest
+    from treemod._saving.safetensors_write import header_digest
 
     table = {k: v for k, v in header.items() if k != "__metadata__"}
     header["__metadata__"]["treemod.header_sha256"] = header_digest(table, header["__metadata__"])
@@ -346,7 +346,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path: pathlib.Pa
         def __array__(self, dtype=None, copy=None):
             raise RuntimeError("device lost")
 
-    from treemod._safetensors import write_checkpoint
+    from treemod._saving.safetensors_write import write_checkpoint
 
     with pytest.raises(RuntimeError, match="device lost"):
         write_checkpoint(path, [("x", Boom())], {})

@@ -14,7 +14,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 import treemod as tm
 from treemod import _shapecheck
-from treemod._shapecheck_config import _GLOBAL
+from treemod._shapecheck.config import _GLOBAL
 
 # ---------------------------------------------------------------------------- test modules
 
@@ -474,7 +474,7 @@ def test_default_is_on():
     # The environment variable is unset in the test run, so the default applies.
     import os
 
-    from treemod._shapecheck_config import _env_checker, _env_enabled
+    from treemod._shapecheck.config import _env_checker, _env_enabled
 
     assert os.environ.get("TREEMOD_SHAPE_CHECKS") in (None, "1")
     assert os.environ.get("JAXTYPING_DISABLE", "0") == "0"
@@ -483,7 +483,7 @@ def test_default_is_on():
 
 
 def test_environment_variable(monkeypatch):
-    from treemod._shapecheck_config import _env_checker, _env_enabled
+    from treemod._shapecheck.config import _env_checker, _env_enabled
 
     for value, expected in [("0", False), ("off", False), ("1", True), ("TRUE", True)]:
         monkeypatch.setenv("TREEMOD_SHAPE_CHECKS", value)

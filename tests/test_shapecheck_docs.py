@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from treemod._shapecheck_config import _GLOBAL
+from treemod._shapecheck.config import _GLOBAL
 
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "concepts" / "shape-checking.md"
 _FENCE = re.compile(r"^```(python|text)\n(.*?)^```\s*$", re.M | re.S)

@@ -6,7 +6,7 @@ from jaxtyping import Array, Float, jaxtyped
 from typeguard import typechecked
 
 import treemod as tm
-from treemod._shapecheck_config import _GLOBAL
+from treemod._shapecheck.config import _GLOBAL
 
 eqx = pytest.importorskip("equinox", reason="Equinox is not installed (the bench extra)")
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Float, Int, Shaped
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from treemod._shapecheck_fast import compile_array_check, fast_array_check
+from treemod._shapecheck.array_checker import compile_array_check, fast_array_check
 
 TOKENS = ["a", "b", "c", "_", "1", "2", "3", "#a", "#b", "#2"]
 DTYPES = [jnp.float32, jnp.int32, jnp.bfloat16, jnp.bool_]

@@ -7,7 +7,7 @@ import pytest
 from jaxtyping import Array, Float
 
 import treemod as tm
-from treemod._shapecheck_config import _GLOBAL
+from treemod._shapecheck.config import _GLOBAL
 
 Vector = Float[Array, " n"]
 

@@ -8,7 +8,7 @@ import pytest
 import treemod as tm
 
 nn = pytest.importorskip("treemod.nn")
-from treemod._shapecheck_config import _GLOBAL  # noqa: E402
+from treemod._shapecheck.config import _GLOBAL  # noqa: E402
 
 KEY = jax.random.key(0)
 

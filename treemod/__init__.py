@@ -5,7 +5,7 @@ list every name in `__all__`.
 """
 
 # Filters and tree utilities.
-from ._filters import (
+from treemod._tree.filters import (
     combine,
     filter,
     is_array,
@@ -14,19 +14,25 @@ from ._filters import (
     is_inexact_array_like,
     partition,
 )
-from ._pretty import tree_pformat, tree_pprint, tree_summary
-from ._tree import apply_updates, tree_at, tree_equal
+from treemod._format.pretty import tree_pformat, tree_pprint, tree_summary
+from treemod._tree.tree_ops import apply_updates, tree_at, tree_equal
 
 # The Module core.
-from ._module import AbstractClassVar, AbstractVar, FrozenModuleError, Module, field
-from ._partial import Partial
+from treemod._module.module import (
+    AbstractClassVar,
+    AbstractVar,
+    FrozenModuleError,
+    Module,
+    field,
+)
+from treemod._module.partial import Partial
 
 # State.
-from ._state import State, is_param, is_state, stateful, update_state
+from treemod._module.state import State, is_param, is_state, stateful, update_state
 
 # Transforms (filter_jit and friends).
 from . import debug as debug
-from ._ad import (
+from treemod._transforms.derivatives import (
     filter_grad,
     filter_hessian,
     filter_jacfwd,
@@ -35,21 +41,21 @@ from ._ad import (
     filter_value_and_grad,
     filter_vjp,
 )
-from ._callback import filter_pure_callback
-from ._checkpoint import filter_checkpoint
-from ._compile_cache import enable_compile_cache
-from ._custom_jvp import filter_custom_jvp
-from ._custom_vjp import filter_custom_vjp
-from ._error_if import branched_error_if, error_if
-from ._eval_shape import filter_eval_shape
-from ._jit import filter_jit
-from ._make_jaxpr import filter_make_jaxpr
-from ._sharding import filter_shard
-from ._vmap import filter_vmap, if_array
+from treemod._transforms.pure_callback import filter_pure_callback
+from treemod._transforms.remat import filter_checkpoint
+from treemod._transforms.compile_cache import enable_compile_cache
+from treemod._transforms.custom_jvp import filter_custom_jvp
+from treemod._transforms.custom_vjp import filter_custom_vjp
+from treemod._transforms.error_if import branched_error_if, error_if
+from treemod._transforms.eval_shape import filter_eval_shape
+from treemod._transforms.jit import filter_jit
+from treemod._transforms.make_jaxpr import filter_make_jaxpr
+from treemod._transforms.shard import filter_shard
+from treemod._transforms.vmap import filter_vmap, if_array
 
 # Shape checks.
-from ._shapecheck import ShapeCheckError, shapecheck
-from ._shapecheck_config import (
+from treemod._shapecheck.checker import ShapeCheckError, shapecheck
+from treemod._shapecheck.config import (
     ShapeCheckerError,
     set_shape_checks,
     shape_checks,
@@ -57,8 +63,8 @@ from ._shapecheck_config import (
 )
 
 # Serialisation.
-from ._safetensors import CheckpointError
-from ._serialisation import load, save, tree_deserialise_leaves, tree_serialise_leaves
+from treemod._saving.safetensors_write import CheckpointError
+from treemod._saving.checkpoint import load, save, tree_deserialise_leaves, tree_serialise_leaves
 
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`.
 from . import nn as nn

@@ -11,7 +11,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ._jit import _JitWrapper
+from treemod._transforms.jit import _JitWrapper
 
 __all__ = ["assert_max_traces", "get_num_traces"]
 

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module
+from treemod._module.module import Module
+
 from ._utils import lead
 
 __all__ = ["PReLU"]

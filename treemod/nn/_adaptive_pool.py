@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from ._layout import apply_image_layer, layer_name
 from ._utils import as_tuple
 

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float
 
-from .._module import Module, field
-from .._state import State, in_stateful_call, update_state
+from treemod._module.module import Module, field
+from treemod._module.state import State, in_stateful_call, update_state
+
 from ._utils import default_dtype
 
 __all__ = ["BatchNorm"]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from .._jit import filter_jit
+from treemod._transforms.jit import filter_jit
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
 

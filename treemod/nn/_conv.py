@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from . import init as _init
 from ._layout import (
     apply_image_layer,

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from . import init as _init
 from ._conv import _init_params, _padding
 from ._layout import (

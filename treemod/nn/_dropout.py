@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module
+from treemod._module.module import Module
 
 __all__ = ["Dropout"]
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Inexact, Integer, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from . import init as _init
 from ._utils import default_dtype, require_key
 

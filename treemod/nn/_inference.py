@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import jax.tree_util as jtu
 
-from .._module import Module
+from treemod._module.module import Module
 
 __all__ = ["inference_mode"]
 

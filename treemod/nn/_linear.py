@@ -8,7 +8,8 @@ from typing import Any, Literal
 import jax
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from . import init as _init
 from ._batching import Core, batch_apply
 from ._utils import default_dtype, lead, matmul_t, require_key

@@ -8,7 +8,8 @@ from typing import Any, Literal
 import jax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from . import init as _init
 from ._linear import Linear
 from ._utils import require_key

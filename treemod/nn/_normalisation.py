@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from ._batching import Core, batch_apply
 from ._layout import apply_image_layer, per_channel
 from ._utils import compute_dtype, default_dtype, lead

@@ -11,7 +11,8 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
 from ._utils import as_tuple
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from ._batching import Core, batch_apply
 from ._utils import lead
 

@@ -8,7 +8,8 @@ from typing import Any
 import jax
 from jaxtyping import PRNGKeyArray
 
-from .._module import Module, field
+from treemod._module.module import Module, field
+
 from ._utils import accepts_key
 
 __all__ = ["Sequential", "Lambda"]

@@ -7,10 +7,10 @@ from typing import Any
 
 import jax
 
-from .._describe import describe_value
-from .._eval_shape import filter_eval_shape
-from .._module import Module, field
-from .._tree import tree_at, tree_equal
+from treemod._format.describe import describe_value
+from treemod._module.module import Module, field
+from treemod._transforms.eval_shape import filter_eval_shape
+from treemod._tree.tree_ops import tree_at, tree_equal
 
 __all__ = ["Shared"]
 

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, PRNGKeyArray
 
-from .._module import Module, field
-from .._state import State, in_stateful_call, update_state
-from .._tree import tree_at
+from treemod._module.module import Module, field
+from treemod._module.state import State, in_stateful_call, update_state
+from treemod._tree.tree_ops import tree_at
+
 from ._utils import accepts_key
 
 __all__ = ["SpectralNorm"]

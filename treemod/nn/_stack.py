@@ -11,10 +11,11 @@ import jax.tree_util as jtu
 from jax import lax
 from jaxtyping import PRNGKeyArray
 
-from .._describe import describe_value
-from .._filters import combine, is_array, partition
-from .._module import Module, field
-from .._state import State, collect_state_updates, is_state, update_state
+from treemod._format.describe import describe_value
+from treemod._module.module import Module, field
+from treemod._module.state import State, collect_state_updates, is_state, update_state
+from treemod._tree.filters import combine, is_array, partition
+
 from ._utils import accepts_key, require_key
 
 __all__ = ["Stack"]

@@ -66,7 +66,7 @@ def _type_accepts_key(cls: type) -> bool:
 
 def accepts_key(layer: Any) -> bool:
     """Whether `layer` is a module whose `__call__` takes a `key` keyword (decided per type)."""
-    from .._module import Module
+    from treemod._module.module import Module
 
     return isinstance(layer, Module) and _type_accepts_key(type(layer))
 

@@ -7,8 +7,9 @@ from typing import Any, Generic, TypeVar
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
-from .._module import Module, field
-from .._tree import tree_at
+from treemod._module.module import Module, field
+from treemod._tree.tree_ops import tree_at
+
 from ._utils import accepts_key
 
 __all__ = ["WeightNorm"]

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._callable import split_tree
-from ._filters import combine, is_inexact_array, partition
+from treemod._transforms.wrapping import split_tree
+from treemod._tree.filters import combine, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, dataclass_tra
 
 import jax.tree_util as jtu
 
-from ._filters import is_array
-from ._pretty import tree_pformat
-from ._shapecheck_hook import check_module_fields, install_class_checks
-from ._tree import tree_equal
+from treemod._format.pretty import tree_pformat
+from treemod._shapecheck.class_hooks import check_module_fields, install_class_checks
+from treemod._tree.filters import is_array
+from treemod._tree.tree_ops import tree_equal
 
 __all__ = ["Module", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
 

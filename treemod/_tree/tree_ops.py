@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._filters import is_array
-from ._shapecheck_hook import check_module_fields
+from treemod._shapecheck.class_hooks import check_module_fields
+from treemod._tree.filters import is_array
 
 __all__ = ["tree_at", "tree_equal", "apply_updates"]
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import (
+from treemod._transforms.wrapping import (
     IS_ARRAY_TYPE,
     TransformedFunction,
     function_name,

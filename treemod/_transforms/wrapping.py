@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._filters import IS_ARRAY_TYPE
+from treemod._tree.filters import IS_ARRAY_TYPE
 
 
 class _Kinds(dict):

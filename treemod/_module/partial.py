@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._module import Module
+from treemod._module.module import Module
 
 __all__ = ["Partial"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ._callable import TransformedFunction, pack_output, split_fn, split_tree
+from treemod._transforms.wrapping import TransformedFunction, pack_output, split_fn, split_tree
 
 __all__ = ["filter_checkpoint"]
 

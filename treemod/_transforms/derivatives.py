@@ -18,7 +18,9 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._callable import (
+from treemod._format.describe import describe_value
+from treemod._module.state import is_param
+from treemod._transforms.wrapping import (
     IS_ARRAY_TYPE,
     Split,
     TransformedFunction,
@@ -27,9 +29,7 @@ from ._callable import (
     split_leaves,
     split_tree,
 )
-from ._describe import describe_value
-from ._filters import combine, is_inexact_array, partition
-from ._state import is_param
+from treemod._tree.filters import combine, is_inexact_array, partition
 
 __all__ = [
     "filter_grad",

@@ -9,8 +9,8 @@ import jax.tree_util as jtu
 import numpy as np
 import wadler_lindig as wl
 
-from ._describe import describe_array
-from ._filters import is_array
+from treemod._format.describe import describe_array
+from treemod._tree.filters import is_array
 
 __all__ = ["tree_pformat", "tree_pprint", "tree_summary"]
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._describe import describe_value
+from treemod._format.describe import describe_value
 
 __all__ = ["branched_error_if", "error_if"]
 

@@ -26,7 +26,7 @@ def short_dtype(dtype: Any) -> str:
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from treemod._describe import short_dtype
+        >>> from treemod._format.describe import short_dtype
         >>> short_dtype(jnp.bfloat16), short_dtype("complex64"), short_dtype(jnp.bool_)
         ('bf16', 'c64', 'bool')
     """
@@ -43,7 +43,7 @@ def describe_array(shape: tuple[int, ...], dtype: Any, weak_type: bool = False) 
     """An array's dtype and shape: `f32[3,4]`; a weakly typed one gets ` (weak type)`.
 
     Example:
-        >>> from treemod._describe import describe_array
+        >>> from treemod._format.describe import describe_array
         >>> describe_array((3, 4), "float32"), describe_array((), "int32", weak_type=True)
         ('f32[3,4]', 'i32[] (weak type)')
     """
@@ -60,7 +60,7 @@ def describe_value(value: Any, _depth: int = 0) -> str:
 
     Example:
         >>> import jax.numpy as jnp, numpy as np
-        >>> from treemod._describe import describe_value
+        >>> from treemod._format.describe import describe_value
         >>> describe_value((jnp.zeros(3), None, 3))
         '(f32[3], None, int 3)'
         >>> describe_value(np.zeros((2, 1), np.int8))

@@ -13,9 +13,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._describe import describe_array
-from ._filters import is_array
-from ._safetensors import CheckpointError, TensorInfo
+from treemod._format.describe import describe_array
+from treemod._saving.safetensors_write import CheckpointError, TensorInfo
+from treemod._tree.filters import is_array
 
 __all__ = ["SIMPLE", "check", "kind", "is_key", "key_record", "wrap_key"]
 

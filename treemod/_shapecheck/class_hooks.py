@@ -14,7 +14,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ._shapecheck_annotations import UnresolvedAnnotation, contains_jaxtyping, function_annotations
+from treemod._shapecheck.annotations import (
+    UnresolvedAnnotation,
+    contains_jaxtyping,
+    function_annotations,
+)
 
 _field_checker: list[Callable[[Any, bool], None]] = []
 # call_checker(fn, state, args, kwargs) -> fn's result, after checking the call.

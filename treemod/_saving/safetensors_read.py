@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._safetensors import (
+from treemod._saving.safetensors_write import (
     CODE_TO_NAME,
     DTYPES,
     FORMAT,

@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._describe import describe_value
-from ._filters import is_inexact_array
-from ._module import Module, field
+from treemod._format.describe import describe_value
+from treemod._module.module import Module, field
+from treemod._tree.filters import is_inexact_array
 
 __all__ = ["State", "is_state", "is_param", "stateful", "update_state"]
 

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero
 
-from ._callable import TransformedFunction, function_name, split_tree
-from ._filters import is_inexact_array
+from treemod._transforms.wrapping import TransformedFunction, function_name, split_tree
+from treemod._tree.filters import is_inexact_array
 
 __all__ = ["filter_custom_jvp"]
 

@@ -20,7 +20,8 @@ from typing import Any, Literal
 import jax
 import jax.tree_util as jtu
 
-from ._callable import (
+from treemod._format.retrace import aval_of, explain, logger
+from treemod._transforms.wrapping import (
     KINDS,
     TransformedFunction,
     function_name,
@@ -30,7 +31,6 @@ from ._callable import (
     unhashable_error,
     unpack_output,
 )
-from ._retrace import aval_of, explain, logger
 
 __all__ = ["filter_jit"]
 

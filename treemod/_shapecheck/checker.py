@@ -20,8 +20,8 @@ import jax
 import jaxtyping
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from ._describe import describe_value
-from ._shapecheck_annotations import (
+from treemod._format.describe import describe_value
+from treemod._shapecheck.annotations import (
     UnresolvedAnnotation,
     contains_jaxtyping,
     dim_names,
@@ -30,15 +30,19 @@ from ._shapecheck_annotations import (
     is_array_annotation,
     resolve_annotation,
 )
-from ._shapecheck_config import (
+from treemod._shapecheck.array_checker import array_checker
+from treemod._shapecheck.class_hooks import (
+    install_call_checker,
+    install_field_checker,
+    wrap_checked,
+)
+from treemod._shapecheck.config import (
     _OVERRIDE,
     BACKENDS,
     current,
     enabled_for,
     ensure_checker,
 )
-from ._shapecheck_fast import array_checker
-from ._shapecheck_hook import install_call_checker, install_field_checker, wrap_checked
 
 __all__ = ["ShapeCheckError", "shapecheck"]
 
@@ -347,7 +351,7 @@ def shapecheck(obj: _T) -> _T:
         >>> outer(jnp.ones((2, 2)), jnp.ones(3))
         Traceback (most recent call last):
         ...
-        treemod._shapecheck.ShapeCheckError: outer argument x: expected Float[Array, 'm'], ...
+        treemod._shapecheck.checker.ShapeCheckError: outer argument x: expected ...
           reason: this array has 2 dimensions, not the 1 expected by the type hint
     """
     if isinstance(obj, type):

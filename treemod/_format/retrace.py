@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from ._callable import render_path
-from ._describe import describe_array
+from treemod._format.describe import describe_array
+from treemod._transforms.wrapping import render_path
 
 logger = logging.getLogger("treemod")
 

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jaxtyping._storage import get_shape_memo
 
-from ._shapecheck_annotations import is_array_annotation
+from treemod._shapecheck.annotations import is_array_annotation
 
 # dims: (kind, value, broadcastable) with kind 0 = anonymous, 1 = fixed size, 2 = named.
 _Spec = tuple[frozenset[str] | None, tuple[tuple[int, Any, bool], ...]]

@@ -17,11 +17,11 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._filters import is_array
-from ._safetensors import DTYPES, CheckpointError, write_checkpoint
-from ._safetensors_read import open_checkpoint
-from ._serialisation_check import SIMPLE, check, is_key, key_record, kind, wrap_key
-from ._tree import tree_at
+from treemod._saving.leaves import SIMPLE, check, is_key, key_record, kind, wrap_key
+from treemod._saving.safetensors_read import open_checkpoint
+from treemod._saving.safetensors_write import DTYPES, CheckpointError, write_checkpoint
+from treemod._tree.filters import is_array
+from treemod._tree.tree_ops import tree_at
 
 __all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
 
