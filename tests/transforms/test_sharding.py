@@ -82,7 +82,7 @@ def test_data_parallel_step_equals_single_device() -> None:
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEVICES}")
     env["JAX_PLATFORMS"] = "cpu"
     code = "import tests.test_sharding as t; t.check_data_parallel_step()"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
     )

@@ -5,7 +5,7 @@ import re
 
 import treemod
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 
 
 def _documented() -> set[str]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import jax
 import pytest
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 PAGES = ["index.md", "getting-started.md", "migrating.md", "faq.md"]
 
 _FENCE = re.compile(r"^([ \t]*)```(\S*)[^\n]*\n(.*?)^\1```\s*$", re.M | re.S)

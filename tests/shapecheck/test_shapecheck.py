@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Float, Int, PyTree
 
 import treemod as tm
-from treemod import _shapecheck
+from treemod._shapecheck import checker as _shapecheck
 from treemod._shapecheck.config import _GLOBAL
 
 # ---------------------------------------------------------------------------- test modules

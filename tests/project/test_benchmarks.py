@@ -27,7 +27,7 @@ from benchmarks import report, run, same_program
 from benchmarks.worker import COMPILE, LOWER, TRACE, CompileEvents
 from benchmarks.workloads.spec import FRAMEWORKS, describe, expected_params, workloads
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- the workloads ---------------------------------------------------------------------------

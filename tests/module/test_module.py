@@ -640,7 +640,7 @@ def test_modules_concepts_page_runs(
     import sys
     import types
 
-    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "concepts" / "modules.md"
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts" / "modules.md"
     blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.M | re.S)
     assert len(blocks) >= 10
     module = types.ModuleType("treemod_modules_page")  # importable, so its classes pickle

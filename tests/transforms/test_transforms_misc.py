@@ -119,7 +119,7 @@ def test_shard_with_prefix_and_errors() -> None:
         tm.filter_shard(tree, {"a": devices[0]})
 
 
-_DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "concepts"
+_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.M | re.S)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from treemod._shapecheck.config import _GLOBAL
 
-PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "concepts" / "shape-checking.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts" / "shape-checking.md"
 _FENCE = re.compile(r"^```(python|text)\n(.*?)^```\s*$", re.M | re.S)
 
 

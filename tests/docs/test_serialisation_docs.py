@@ -11,7 +11,7 @@ import types
 import jax
 import pytest
 
-PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "concepts" / "saving.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts" / "saving.md"
 _FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.M | re.S)
 
 

@@ -8,7 +8,7 @@ import pytest
 from jaxtyping import Array, Float
 
 import treemod as tm
-from treemod import _shapecheck_config as config
+from treemod._shapecheck import config
 
 
 class Pair(tm.Module):
