@@ -15,7 +15,9 @@ from treemod._tree.filters import (
     partition,
 )
 from treemod._format.pretty import tree_pformat, tree_pprint, tree_summary
-from treemod._tree.tree_ops import apply_updates, tree_at, tree_equal
+from treemod._tree.apply_updates import apply_updates
+from treemod._tree.tree_at import tree_at
+from treemod._tree.tree_equal import tree_equal
 
 # The Module core.
 from treemod._module.module import (

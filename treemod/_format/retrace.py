@@ -14,7 +14,7 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._format.describe import describe_array
-from treemod._transforms.wrapping import render_path
+from treemod._format.paths import render_path
 
 logger = logging.getLogger("treemod")
 

@@ -17,7 +17,7 @@ import jax.tree_util as jtu
 from treemod._format.pretty import tree_pformat
 from treemod._shapecheck.class_hooks import check_module_fields, install_class_checks
 from treemod._tree.filters import is_array
-from treemod._tree.tree_ops import tree_equal
+from treemod._tree.tree_equal import tree_equal
 
 __all__ = ["Module", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
 

@@ -21,7 +21,7 @@ from treemod._saving.leaves import SIMPLE, check, is_key, key_record, kind, wrap
 from treemod._saving.safetensors_read import open_checkpoint
 from treemod._saving.safetensors_write import DTYPES, CheckpointError, write_checkpoint
 from treemod._tree.filters import is_array
-from treemod._tree.tree_ops import tree_at
+from treemod._tree.tree_at import tree_at
 
 __all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
 

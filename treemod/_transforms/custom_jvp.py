@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero
 
-from treemod._transforms.wrapping import TransformedFunction, function_name, split_tree
+from treemod._format.paths import function_name
+from treemod._transforms.leaves import split_tree
+from treemod._transforms.wrapper import TransformedFunction
 from treemod._tree.filters import is_inexact_array
 
 __all__ = ["filter_custom_jvp"]

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from treemod._transforms.wrapping import split_tree
+from treemod._transforms.leaves import split_tree
 from treemod._tree.filters import combine, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]

@@ -19,17 +19,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from treemod._format.describe import describe_value
+from treemod._format.paths import function_name
 from treemod._module.state import is_param
-from treemod._transforms.wrapping import (
-    IS_ARRAY_TYPE,
-    Split,
-    TransformedFunction,
-    function_name,
-    merge_leaves,
-    split_leaves,
-    split_tree,
-)
-from treemod._tree.filters import combine, is_inexact_array, partition
+from treemod._transforms.leaves import Split, merge_leaves, split_leaves, split_tree
+from treemod._transforms.wrapper import TransformedFunction
+from treemod._tree.filters import IS_ARRAY_TYPE, combine, is_inexact_array, partition
 
 __all__ = [
     "filter_grad",

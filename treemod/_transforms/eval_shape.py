@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from treemod._transforms.wrapping import is_abstract_array, pack_output, split_tree
+from treemod._transforms.leaves import is_abstract_array, pack_output, split_tree
 
 __all__ = ["filter_eval_shape"]
 

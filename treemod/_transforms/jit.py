@@ -20,17 +20,11 @@ from typing import Any, Literal
 import jax
 import jax.tree_util as jtu
 
+from treemod._format.paths import function_name
 from treemod._format.retrace import aval_of, explain, logger
-from treemod._transforms.wrapping import (
-    KINDS,
-    TransformedFunction,
-    function_name,
-    merge_leaves,
-    pack_output,
-    split_fn,
-    unhashable_error,
-    unpack_output,
-)
+from treemod._transforms.leaves import KINDS, merge_leaves, pack_output, unpack_output
+from treemod._transforms.unhashable import unhashable_error
+from treemod._transforms.wrapper import TransformedFunction, split_fn
 
 __all__ = ["filter_jit"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from treemod._transforms.wrapping import Split, is_abstract_array, split_tree
+from treemod._transforms.leaves import Split, is_abstract_array, split_tree
 
 __all__ = ["filter_make_jaxpr"]
 

@@ -9,7 +9,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from treemod._transforms.wrapping import split_tree
+from treemod._transforms.leaves import split_tree
 
 __all__ = ["filter_pure_callback"]
 

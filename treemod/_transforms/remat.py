@@ -8,7 +8,8 @@ from typing import Any
 
 import jax
 
-from treemod._transforms.wrapping import TransformedFunction, pack_output, split_fn, split_tree
+from treemod._transforms.leaves import pack_output, split_tree
+from treemod._transforms.wrapper import TransformedFunction, split_fn
 
 __all__ = ["filter_checkpoint"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from treemod._transforms.wrapping import IS_ARRAY_TYPE
+from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["filter_shard"]
 

@@ -10,14 +10,10 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from treemod._transforms.wrapping import (
-    IS_ARRAY_TYPE,
-    TransformedFunction,
-    function_name,
-    merge_leaves,
-    render_path,
-    split_leaves,
-)
+from treemod._format.paths import function_name, render_path
+from treemod._transforms.leaves import merge_leaves, split_leaves
+from treemod._transforms.wrapper import TransformedFunction
+from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["filter_vmap", "if_array"]
 

@@ -10,7 +10,8 @@ import jax
 from treemod._format.describe import describe_value
 from treemod._module.module import Module, field
 from treemod._transforms.eval_shape import filter_eval_shape
-from treemod._tree.tree_ops import tree_at, tree_equal
+from treemod._tree.tree_at import tree_at
+from treemod._tree.tree_equal import tree_equal
 
 __all__ = ["Shared"]
 

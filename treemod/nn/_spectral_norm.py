@@ -11,7 +11,7 @@ from jaxtyping import Array, PRNGKeyArray
 
 from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
-from treemod._tree.tree_ops import tree_at
+from treemod._tree.tree_at import tree_at
 
 from ._utils import accepts_key
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
 from treemod._module.module import Module, field
-from treemod._tree.tree_ops import tree_at
+from treemod._tree.tree_at import tree_at
 
 from ._utils import accepts_key
 

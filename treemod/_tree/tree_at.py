@@ -1,19 +1,13 @@
-"""Tree utilities: `tree_at`, `tree_equal`, `apply_updates`."""
+"""`tree_at`: a copy of a pytree with some of its nodes or leaves replaced."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 
 from treemod._shapecheck.class_hooks import check_module_fields
-from treemod._tree.filters import is_array
-
-__all__ = ["tree_at", "tree_equal", "apply_updates"]
 
 _SENTINEL = object()
 
@@ -164,97 +158,3 @@ def tree_at(
         return new
 
     return rebuild(pytree, (), True)
-
-
-def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> Any:
-    if typematch and type(x) is not type(y):
-        return False
-    if is_array(x) != is_array(y):
-        return False
-    if not is_array(x):
-        return x == y
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # keys: equal bits, no tolerance
-        x, y, rtol, atol = jax.random.key_data(x), jax.random.key_data(y), 0.0, 0.0
-    if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
-        if rtol == 0 and atol == 0:
-            return jnp.all(x == y)
-        return jnp.allclose(x, y, rtol=rtol, atol=atol)
-    x, y = np.asarray(x), np.asarray(y)
-    if rtol == 0 and atol == 0:
-        return bool(np.array_equal(x, y))
-    return bool(np.allclose(x, y, rtol=rtol, atol=atol))
-
-
-def tree_equal(*pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: float = 0.0) -> Any:
-    """Whether all `pytrees` have the same structure and equal leaves.
-
-    Arrays must match in shape, dtype and values (within `rtol`/`atol` if given; typed PRNG
-    keys by their bits, exactly); other leaves are compared with `==`.
-
-    Arguments:
-        *pytrees: the trees to compare.
-        typematch: also require leaves to have the same type (`np.ndarray` and `jax.Array`
-            leaves with equal values then differ).
-        rtol: relative tolerance for array values.
-        atol: absolute tolerance for array values.
-
-    Returns:
-        A Python `bool`, or a traced boolean scalar when called on tracers inside a transform.
-
-    Example:
-        >>> import jax.numpy as jnp, treemod as tm
-        >>> tm.tree_equal([jnp.ones(2), "a"], [jnp.ones(2), "a"])
-        True
-        >>> tm.tree_equal(jnp.ones(2), jnp.ones(2) + 1e-7, atol=1e-6)
-        True
-    """
-    if not pytrees:
-        raise TypeError("tree_equal() needs at least one pytree to compare.")
-    first, *rest = pytrees
-    leaves0, treedef0 = jtu.tree_flatten(first)
-    result: Any = True
-    for other in rest:
-        leaves, treedef = jtu.tree_flatten(other)
-        if treedef != treedef0:  # type: ignore[operator]
-            return False
-        for x, y in zip(leaves0, leaves, strict=True):
-            eq = _leaves_equal(x, y, rtol, atol, typematch)
-            if eq is False:
-                return False
-            if eq is not True:
-                result = eq if result is True else result & eq
-    return result
-
-
-def apply_updates(model: Any, updates: Any) -> Any:
-    """Add `updates` (e.g. from an optax optimiser) to the arrays of `model`.
-
-    Leaves whose update is `None` (non-differentiated parts, state, static values) are kept.
-    Each sum is taken in the wider of the two dtypes and returned in the parameter's dtype, as
-    `optax.apply_updates` does: a bfloat16 model stays bfloat16 under float32 updates.
-
-    Arguments:
-        model: the model (any pytree).
-        updates: a tree with the structure of `model`, `None` where there is nothing to add.
-
-    Returns:
-        The updated model.
-
-    Example:
-        >>> import jax.numpy as jnp, treemod as tm
-        >>> tm.apply_updates({"w": jnp.ones(2), "act": "relu"}, {"w": jnp.ones(2), "act": None})
-        {'act': 'relu', 'w': Array([2., 2.], dtype=float32)}
-    """
-    return jtu.tree_map(_add, updates, model, is_leaf=lambda x: x is None)
-
-
-def _add(update: Any, param: Any) -> Any:
-    if update is None:
-        return param
-    if not hasattr(param, "dtype") or jnp.result_type(update) == param.dtype:
-        return param + update
-    with jax.numpy_dtype_promotion("standard"):  # mixing dtypes here is the point
-        wide = jnp.promote_types(param.dtype, jnp.result_type(update))
-    return (param.astype(wide) + jnp.asarray(update).astype(wide)).astype(param.dtype)

@@ -1,0 +1,50 @@
+"""The base of the filtered transforms' wrappers, and how a callable splits into tree and code."""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+
+class TransformedFunction:
+    """Base of the filtered transforms' wrappers (`filter_jit(f)`, `filter_grad(f)`, ...).
+
+    A wrapper takes the name, docstring and `__wrapped__` of the function it wraps, so that
+    `inspect` and the docs see that function, and binds like a function: set as a class
+    attribute (a decorated method), it receives the instance as its first argument.
+    """
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _wraps(self, fun: Any) -> None:
+        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
+            functools.update_wrapper(self, fun, updated=())
+        else:
+            self.__wrapped__ = fun
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(self, instance)
+
+
+def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
+    """Normalise a callable into `(fn_tree, call)` once, at wrap time.
+
+    `fn_tree` is the part of the callable that is a pytree (a Module, or the module of a bound
+    method), whose arrays are traced like arguments; `None` for plain functions. `call` is the
+    function to call as `call(fn_tree, *args, **kwargs)`, or `None` to call `fn_tree` itself.
+    """
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        if jtu.treedef_is_leaf(jtu.tree_structure(owner)):
+            return None, None
+        return owner, fn.__func__
+    if jtu.treedef_is_leaf(jtu.tree_structure(fn)):
+        return None, None
+    return fn, None
