@@ -65,7 +65,7 @@ from treemod._shapecheck.config import (
 )
 
 # Serialisation.
-from treemod._saving.safetensors_write import CheckpointError
+from treemod._saving.errors import CheckpointError
 from treemod._saving.checkpoint import load, save, tree_deserialise_leaves, tree_serialise_leaves
 
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`.

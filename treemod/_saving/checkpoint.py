@@ -17,9 +17,10 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from treemod._saving.errors import CheckpointError
 from treemod._saving.leaves import SIMPLE, check, is_key, key_record, kind, wrap_key
 from treemod._saving.safetensors_read import open_checkpoint
-from treemod._saving.safetensors_write import DTYPES, CheckpointError, write_checkpoint
+from treemod._saving.safetensors_write import DTYPES, write_checkpoint
 from treemod._tree.filters import is_array
 from treemod._tree.tree_at import tree_at
 

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 from treemod._format.describe import describe_array
-from treemod._saving.safetensors_write import CheckpointError, TensorInfo
+from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_write import TensorInfo
 from treemod._tree.filters import is_array
 
 __all__ = ["SIMPLE", "check", "kind", "is_key", "key_record", "wrap_key"]

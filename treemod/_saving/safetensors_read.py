@@ -18,12 +18,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from treemod._saving.errors import CheckpointError
 from treemod._saving.safetensors_write import (
     CODE_TO_NAME,
     DTYPES,
     FORMAT,
     VERSION,
-    CheckpointError,
     TensorInfo,
     header_digest,
     storage,

@@ -19,7 +19,7 @@ treemod's entries in `__metadata__`:
     treemod.header_sha256   sha256 of the rest of the header (names, dtypes, shapes, offsets,
                             metadata), so a flipped digit in a shape or value is caught too
 
-Reading is in `_safetensors_read.py`.
+Reading is in `safetensors_read.py`; the error both raise is in `errors.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["CheckpointError"]
+__all__ = ["DTYPES", "TensorInfo", "write_checkpoint"]
 
 FORMAT = "treemod"
 VERSION = 1
@@ -80,21 +80,6 @@ _NUMPY_NAMES = (
 # The only dtypes a file may name: looked up in this table, never by getattr on file contents.
 DTYPES: dict[str, np.dtype] = {n: np.dtype(n) for n in _NUMPY_NAMES}
 DTYPES.update({n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_NAMES if hasattr(ml_dtypes, n)})
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is damaged, is not a treemod checkpoint, or does not match `like`.
-
-    The message names the file and every key path involved. Nothing is returned half-loaded.
-
-    Example:
-        >>> import io, treemod as tm
-        >>> try:
-        ...     tm.load(io.BytesIO(b"not a checkpoint"), like=[])
-        ... except tm.CheckpointError as e:
-        ...     print(str(e)[:60])
-        <BytesIO> is not a treemod checkpoint: its first 8 bytes say
-    """
 
 
 def dtype_name(dtype: Any) -> str:
