@@ -283,6 +283,35 @@ def test_state_is_in_the_tree_but_not_a_param() -> None:
     assert tm.is_param(jnp.zeros(2)) and not tm.is_param(jnp.zeros(2, jnp.int32))
 
 
+class ScaledEMA(tm.Module):
+    scale: jax.Array
+    ema: EMA
+    steps: jax.Array  # an integer array: an array, but no parameter
+
+    def __call__(self, x):
+        return self.scale * self.ema(x)
+
+
+def test_optimiser_state_of_an_abstract_skeleton_is_that_of_the_model() -> None:
+    optax = pytest.importorskip("optax")
+    optimiser = optax.adam(1e-3)
+
+    def make() -> ScaledEMA:
+        return ScaledEMA(jnp.ones((2, 3)), EMA(tm.State(jnp.zeros(3))), jnp.zeros((), jnp.int32))
+
+    skeleton = jax.eval_shape(make)
+    # ShapeDtypeStructs count as arrays: the skeleton keeps its parameter, drops the State.
+    assert tm.is_param(skeleton.scale) and not tm.is_param(skeleton.ema.average)
+    assert not tm.is_param(skeleton.steps)
+    abstract = jax.eval_shape(optimiser.init, tm.filter(skeleton, tm.is_param))
+    # The reference: optax run on the concrete model's parameters, then abstracted.
+    reference = jax.eval_shape(lambda: optimiser.init(tm.filter(make(), tm.is_param)))
+    assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(reference)
+    assert jax.tree_util.tree_leaves(abstract) == jax.tree_util.tree_leaves(reference)
+    mu = abstract[0].mu
+    assert mu.scale.shape == (2, 3) and mu.ema.average is None and mu.steps is None
+
+
 def test_collectors_are_per_thread() -> None:
     errors: list[BaseException] = []
     inside = threading.Event()

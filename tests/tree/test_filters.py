@@ -51,7 +51,14 @@ def _model() -> Model:
         ("a", False, False, False),
         (None, False, False, False),
         ([1.0], False, False, False),
-        (jax.ShapeDtypeStruct((2,), jnp.float32), False, False, False),
+        # abstract leaves (from jax.eval_shape) count as the arrays they stand for
+        (jax.ShapeDtypeStruct((2,), jnp.float32), True, True, True),
+        (jax.ShapeDtypeStruct((), jnp.float32, weak_type=True), True, True, True),
+        (jax.ShapeDtypeStruct((2,), jnp.bfloat16), True, True, True),
+        (jax.ShapeDtypeStruct((2,), jnp.complex64), True, True, True),
+        (jax.ShapeDtypeStruct((2,), jnp.int32), True, False, True),
+        (jax.ShapeDtypeStruct((2,), jnp.bool_), True, False, True),
+        (jax.eval_shape(lambda: jax.random.key(0)), True, False, True),
     ],
 )
 def test_predicates(value: object, array: bool, inexact: bool, like: bool) -> None:
@@ -75,6 +82,48 @@ def test_predicates_see_tracers_as_arrays() -> None:
     jax.vmap(record)(x, i)
     jax.grad(record)(x, i)
     assert seen == [(True, True), (True, False)] * 3
+
+
+def test_predicates_agree_on_a_tree_and_its_eval_shape_skeleton() -> None:
+    # The reference is the concrete tree: filtering its skeleton keeps exactly the leaves that
+    # filtering the concrete tree keeps, for every predicate.
+    tree = {
+        "w": jnp.ones((2, 3)),
+        "i": jnp.arange(3),
+        "np": np.zeros(2, np.float16),
+        "key": jax.random.key(1),
+        "c": jnp.zeros(2, jnp.complex64),
+        "flag": jnp.array(True),
+    }
+    skeleton = jax.eval_shape(lambda: tree)
+    for predicate in (tm.is_array, tm.is_inexact_array, tm.is_array_like, tm.is_param):
+        concrete = jtu.tree_map(lambda x: x is not None, tm.filter(tree, predicate))
+        abstract = jtu.tree_map(lambda x: x is not None, tm.filter(skeleton, predicate))
+        assert abstract == concrete, predicate.__name__
+
+
+def test_filtered_transforms_still_treat_shape_dtype_structs_as_static() -> None:
+    # The predicates accept abstract leaves; what filter_jit traces does not change: a
+    # ShapeDtypeStruct argument is static (hashed into the cache key), not traced.
+    traces: list[tuple[int, ...]] = []
+
+    @tm.filter_jit
+    def zeros_like(spec: jax.ShapeDtypeStruct, x: jax.Array) -> jax.Array:
+        traces.append(spec.shape)
+        return jnp.zeros(spec.shape, spec.dtype) + x
+
+    out = zeros_like(jax.ShapeDtypeStruct((2,), jnp.float32), jnp.ones(()))
+    np.testing.assert_array_equal(out, np.ones(2, np.float32))
+    zeros_like(jax.ShapeDtypeStruct((2,), jnp.float32), jnp.ones(()))
+    zeros_like(jax.ShapeDtypeStruct((3,), jnp.float32), jnp.ones(()))
+    assert traces == [(2,), (3,)]
+
+
+def test_tree_equal_compares_abstract_leaves_by_shape_and_dtype() -> None:
+    a = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    assert tm.tree_equal(a, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    assert not tm.tree_equal(a, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
+    assert not tm.tree_equal(a, {"w": jnp.zeros(2)})
 
 
 # --- filter ---------------------------------------------------------------------------------------

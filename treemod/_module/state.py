@@ -64,7 +64,16 @@ def is_param(element: Any) -> bool:
 
     `filter(model, is_param)` keeps the parameters and replaces each `State` node by `None`
     (the predicate judges `State` nodes whole). It is the default of `filter_grad`, and the tree
-    to hand to an optimiser.
+    to hand to an optimiser. On an abstract skeleton from `jax.eval_shape`, a
+    `jax.ShapeDtypeStruct` counts as the array it stands for, so
+    `jax.eval_shape(optimiser.init, filter(skeleton, is_param))` gives the optimiser state's
+    skeleton.
+
+    Arguments:
+        element: a leaf, or a `State` node.
+
+    Returns:
+        `True` for floating-point (or complex) arrays and abstract arrays outside `State`.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm

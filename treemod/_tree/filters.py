@@ -25,52 +25,75 @@ __all__ = [
 # Tracers are `jax.Array` instances only through `__instancecheck__` (not subclasses), so the
 # type cache below must name `Tracer` itself or every leaf inside `jit`/`vmap`/`grad` misses.
 _ARRAY_TYPES = (jax.Array, jax.core.Tracer, np.ndarray, np.generic)
+# What the public predicates accept: the arrays, and `jax.ShapeDtypeStruct`, the abstract leaf
+# that `jax.eval_shape` puts where an array will be (so `filter(skeleton, is_param)` keeps them).
+_ARRAY_OR_ABSTRACT_TYPES = (*_ARRAY_TYPES, jax.ShapeDtypeStruct)
 
 
 class _TypeIsArray(dict):
-    """Maps a type to whether its instances are arrays; filled lazily.
+    """Maps a type to whether its instances are arrays (of `kinds`); filled lazily.
 
     `map(IS_ARRAY_TYPE.__getitem__, map(type, leaves))` classifies a list of leaves at C speed,
     which is what keeps `filter_jit` close to `jax.jit` per call.
     """
 
+    def __init__(self, kinds: tuple[type, ...]) -> None:
+        super().__init__()
+        self.kinds = kinds
+
     def __missing__(self, cls: type) -> bool:
-        value = issubclass(cls, _ARRAY_TYPES)
+        value = issubclass(cls, self.kinds)
         self[cls] = value
         return value
 
 
-IS_ARRAY_TYPE = _TypeIsArray()
+# Concrete arrays and tracers only: the transforms split leaves with it (what gets traced).
+IS_ARRAY_TYPE = _TypeIsArray(_ARRAY_TYPES)
+# The same, with abstract arrays too: the public predicates use it (one lookup either way).
+_IS_ARRAY_OR_ABSTRACT_TYPE = _TypeIsArray(_ARRAY_OR_ABSTRACT_TYPES)
 
 
 def is_array(element: Any) -> bool:
     """Whether `element` is a JAX or NumPy array (NumPy scalars such as `np.float32(1)` count).
 
+    A `jax.ShapeDtypeStruct` (what `jax.eval_shape` returns in place of an array) counts as
+    the array it stands for, so predicates and filters work the same on an abstract skeleton.
+
     Arguments:
         element: any Python object.
 
     Returns:
-        `True` for `jax.Array` (tracers included), `np.ndarray` and `np.generic`.
+        `True` for `jax.Array` (tracers included), `np.ndarray`, `np.generic` and
+        `jax.ShapeDtypeStruct`.
 
     Example:
-        >>> import jax.numpy as jnp, treemod as tm
+        >>> import jax, jax.numpy as jnp, treemod as tm
         >>> tm.is_array(jnp.zeros(3)), tm.is_array(1.0)
         (True, False)
+        >>> tm.is_array(jax.ShapeDtypeStruct((3,), jnp.float32))
+        True
     """
-    return IS_ARRAY_TYPE[type(element)]
+    return _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)]
 
 
 def is_inexact_array(element: Any) -> bool:
     """Whether `element` is an array with a floating-point or complex dtype.
 
-    These are the leaves that `filter_grad` differentiates.
+    These are the leaves that `filter_grad` differentiates. A `jax.ShapeDtypeStruct` counts
+    by its dtype, as `is_array` says.
+
+    Arguments:
+        element: any Python object.
+
+    Returns:
+        `True` for arrays (or abstract arrays) of a floating-point or complex dtype.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
         >>> tm.is_inexact_array(jnp.zeros(3)), tm.is_inexact_array(jnp.arange(3))
         (True, False)
     """
-    return IS_ARRAY_TYPE[type(element)] and bool(
+    return _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)] and bool(
         jax.numpy.issubdtype(element.dtype, jax.numpy.inexact)
     )
 
@@ -83,7 +106,7 @@ def is_inexact_array_like(element: Any) -> bool:
         >>> tuple(tm.is_inexact_array_like(x) for x in (1.5, 1, jnp.ones(2), jnp.arange(2)))
         (True, False, True, False)
     """
-    if IS_ARRAY_TYPE[type(element)]:
+    if _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)]:
         return bool(jax.numpy.issubdtype(element.dtype, jax.numpy.inexact))
     return isinstance(element, float | complex)
 
@@ -96,7 +119,9 @@ def is_array_like(element: Any) -> bool:
         >>> tm.is_array_like(1.5), tm.is_array_like("a")
         (True, False)
     """
-    return IS_ARRAY_TYPE[type(element)] or isinstance(element, bool | int | float | complex)
+    return _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)] or isinstance(
+        element, bool | int | float | complex
+    )
 
 
 def _with_predicate_leaves(

@@ -9,15 +9,17 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from treemod._tree.filters import is_array
+from treemod._tree.filters import IS_ARRAY_TYPE
 
 
 def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> Any:
     if typematch and type(x) is not type(y):
         return False
-    if is_array(x) != is_array(y):
+    # Concrete arrays only: `jax.ShapeDtypeStruct` leaves have no values and compare with `==`.
+    x_array, y_array = IS_ARRAY_TYPE[type(x)], IS_ARRAY_TYPE[type(y)]
+    if x_array != y_array:
         return False
-    if not is_array(x):
+    if not x_array:
         return x == y
     if x.shape != y.shape or x.dtype != y.dtype:
         return False
