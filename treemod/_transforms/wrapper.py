@@ -5,20 +5,29 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import jax.tree_util as jtu
 
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S")
 
-class TransformedFunction:
+
+class TransformedFunction(Generic[P, R]):
     """Base of the filtered transforms' wrappers (`filter_jit(f)`, `filter_grad(f)`, ...).
 
     A wrapper takes the name, docstring and `__wrapped__` of the function it wraps, so that
     `inspect` and the docs see that function, and binds like a function: set as a class
     attribute (a decorated method), it receives the instance as its first argument.
+
+    It is generic in the wrapped function's parameters `P` and its result `R`, so that a type
+    checker sees `filter_jit(f)(x)` as a call of `f`.
     """
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         raise NotImplementedError
 
     def _wraps(self, fun: Any) -> None:
@@ -26,6 +35,14 @@ class TransformedFunction:
             functools.update_wrapper(self, fun, updated=())
         else:
             self.__wrapped__ = fun
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(
+        self: TransformedFunction[Concatenate[_S, _P], _R], instance: _S, owner: type | None = None
+    ) -> Callable[_P, _R]: ...
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
