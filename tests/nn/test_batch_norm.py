@@ -159,6 +159,50 @@ def test_accepts_a_key_and_works_in_sequential() -> None:
     assert y.shape == (10, 4)
 
 
+@pytest.mark.parametrize("example", [(4,), (4, 7), (4, 5, 3), (4, 2, 3, 2)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_inference_takes_one_unbatched_example(example, channels_last) -> None:
+    # Reference: PyTorch in eval mode on the example with a batch axis of one, after a few
+    # training steps so that the running statistics are not the initial ones.
+    c = example[0]
+    bn = _random_affine(nn.BatchNorm(c, channels_last=channels_last), 3)
+    ref = _torch_bn(len(example) + 1 if len(example) > 1 else 2, c)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(np.asarray(bn.weight)))
+        ref.bias.copy_(torch.tensor(np.asarray(bn.bias)))
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = (2 * rng.normal(size=(6, *example)) + 1).astype(np.float32)
+        _, bn = tm.stateful(bn)(jnp.asarray(np.moveaxis(x, 1, -1) if channels_last else x))
+        ref(torch.tensor(x))
+    ref.eval()
+    one = rng.normal(size=example).astype(np.float32)
+    expected = ref(torch.tensor(one[None])).detach().numpy()[0]
+    ours = nn.inference_mode(bn)(jnp.asarray(np.moveaxis(one, 0, -1) if channels_last else one))
+    if channels_last:
+        ours = np.moveaxis(np.asarray(ours), -1, 0)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=2e-5)
+    # ... and it is the batched call's row: one example or a batch, the same numbers.
+    batch = jnp.asarray(np.stack([one, one]))
+    if not channels_last:
+        np.testing.assert_array_equal(
+            bn(jnp.asarray(one), inference=True), bn(batch, inference=True)[0]
+        )
+
+
+def test_inference_reads_a_square_channels_first_input_as_a_batch() -> None:
+    # (C, C): a batch of C examples (the layout training uses), not one example of length C.
+    bn = _random_affine(nn.BatchNorm(3), 5)
+    x = np.random.default_rng(6).normal(size=(3, 3)).astype(np.float32)
+    ref = _torch_bn(2, 3)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(np.asarray(bn.weight)))
+        ref.bias.copy_(torch.tensor(np.asarray(bn.bias)))
+    ref.eval()
+    expected = ref(torch.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(bn(jnp.asarray(x), inference=True), expected, rtol=1e-5, atol=2e-5)
+
+
 # ----- errors -----
 
 
@@ -191,8 +235,12 @@ def test_training_outside_stateful_is_a_clear_error() -> None:
 
 
 def test_channel_mismatch_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"\(N, C=4, \*spatial\).*\(8, 3, 2\)"):
+    with pytest.raises(ValueError, match=r"\(N, C=4, \*spatial\).*one example \(C=4.*\(8, 3, 2\)"):
         nn.BatchNorm(4)(jnp.ones((8, 3, 2)), inference=True)
+    with pytest.raises(ValueError, match=r"BatchNorm\(input_size=4, axis_name=None\).*\(3,\)"):
+        nn.BatchNorm(4)(jnp.ones(3), inference=True)
+    with pytest.raises(ValueError, match=r"channels_last=True.*C=4 on the last axis.*\(2, 3\)"):
+        nn.BatchNorm(4, channels_last=True)(jnp.ones((2, 3)), inference=True)
 
 
 def test_bad_constructor_arguments() -> None:

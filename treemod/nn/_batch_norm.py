@@ -150,7 +150,7 @@ class BatchNorm(Module):
         self.inference = inference
         self.channels_last = channels_last
 
-    def _layout_error(self, x: jax.Array) -> ValueError:
+    def _layout_error(self, x: jax.Array, inference: bool = False) -> ValueError:
         c = self.input_size
         if self.channels_last:
             batch = "(N, *spatial, C)" if self.axis_name is None else "one example (*spatial, C)"
@@ -160,21 +160,22 @@ class BatchNorm(Module):
                 f"{tuple(x.shape)}."
             )
         if self.axis_name is None:
+            one = f" (or, in inference mode, one example (C={c}, *spatial))" if inference else ""
             hint = (
                 f"BatchNorm(input_size={c}, axis_name=None) takes a batch (N, C={c}, *spatial), "
-                f"with the channels on axis 1, but got an input of shape {tuple(x.shape)}."
+                f"with the channels on axis 1{one}, but got an input of shape {tuple(x.shape)}."
             )
             if x.ndim >= 2 and x.shape[-1] == c:
                 hint += (
                     " The channels look last: build the layer with channels_last=True to "
                     "normalise channels-last input."
                 )
-            elif x.ndim >= 1 and x.shape[0] == c:
+            elif not inference and x.ndim >= 1 and x.shape[0] == c:
                 hint += (
                     " This looks like one example (C, *spatial): call it on the batch "
                     "directly, or, under jax.vmap/filter_vmap, build the layer with "
-                    "axis_name=... and give vmap the same axis_name (for a single example in "
-                    "inference mode, pass x[None])."
+                    "axis_name=... and give vmap the same axis_name (in inference mode, a "
+                    "single example needs neither)."
                 )
             return ValueError(hint)
         return ValueError(
@@ -184,28 +185,48 @@ class BatchNorm(Module):
             "(N, C, *spatial) directly, build it with axis_name=None."
         )
 
+    def _reads_as_batch(self, x: jax.Array) -> bool:
+        """Whether `x` has the batched layout `(N, C, *spatial)` (or `(N, *spatial, C)`)."""
+        if self.channels_last:
+            return x.ndim >= 2
+        return x.ndim >= 2 and x.shape[1] == self.input_size
+
     def __call__(
         self, x: Float[Array, "..."], *, key: Any = None, inference: bool | None = None
     ) -> Float[Array, "..."]:
         """Normalise `x`.
 
+        In training mode the statistics come from the batch, so with `axis_name=None` `x` must
+        be a batch. In inference mode the running statistics are used, so `x` may also be one
+        example `(C, *spatial)` (read as such when its axis 1 is not `C`; an input
+        `(C, C, ...)` is read as a batch, so pass `x[None]` for one example of that shape).
+
         Arguments:
-            x: `(N, C, *spatial)` if `axis_name` is `None`, else one example `(C, *spatial)`;
-                with the channels last instead if `channels_last`.
+            x: `(N, C, *spatial)` if `axis_name` is `None` (or, in inference mode, one example
+                `(C, *spatial)`), else one example `(C, *spatial)`; with the channels last
+                instead if `channels_last`: `(N, *spatial, C)` or `(*spatial, C)`.
             key: ignored (accepted so that containers can pass keys to every layer).
             inference: override the layer's `inference` flag for this call.
 
         Returns:
-            An array of the shape and dtype of `x`.
+            An array of the shape and dtype of `x`, normalised per channel.
+
+        Raises:
+            ValueError: if the axis where the layout puts the channels is not of size `C`
+                (the message names the layout expected), or, in training mode, if there is
+                only one value per channel.
+            RuntimeError: in training mode outside `treemod.stateful`.
         """
         del key
         if inference is None:
             inference = self.inference
         x = jnp.asarray(x)
         batched = self.axis_name is None
+        if inference and batched and not self._reads_as_batch(x):
+            batched = False  # one example (C, *spatial): the running statistics need no batch
         channel_axis = x.ndim - 1 if self.channels_last else int(batched)
         if x.ndim <= int(batched) or x.shape[channel_axis] != self.input_size:
-            raise self._layout_error(x)
+            raise self._layout_error(x, inference)
         state_dtype = self.running_mean.value.dtype
         compute = _compute_dtype(x.dtype, state_dtype)
         out_dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else compute
