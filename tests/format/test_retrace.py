@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 import jax
@@ -31,6 +32,12 @@ def _train_step(model: Net, x: jax.Array) -> jax.Array:
     return jnp.sum(model(x))
 
 
+def _fresh(fn: Any) -> Any:
+    """A new function object with `fn`'s code: wrappers of one function share their traces
+    (and the explainer's memory of the last one), so each test explains its own copy."""
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+
+
 def _explained(caplog: pytest.LogCaptureFixture, f: Any, *calls: tuple) -> list[str]:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="treemod"):
@@ -40,7 +47,7 @@ def _explained(caplog: pytest.LogCaptureFixture, f: Any, *calls: tuple) -> list[
 
 
 def test_shape_change(caplog: pytest.LogCaptureFixture) -> None:
-    f = tm.filter_jit(_train_step, explain_retraces=True)
+    f = tm.filter_jit(_fresh(_train_step), explain_retraces=True)
     x = jnp.ones(4)
     lines = _explained(
         caplog, f, (_net((4, 4), (4, 4), (4, 4)), x), (_net((4, 4), (4, 4), (3, 4)), x)
@@ -62,14 +69,14 @@ def test_dtype_and_weak_type_change(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_static_value_change(caplog: pytest.LogCaptureFixture) -> None:
-    f = tm.filter_jit(_train_step, explain_retraces=True)
+    f = tm.filter_jit(_fresh(_train_step), explain_retraces=True)
     x = jnp.ones(2)
     lines = _explained(caplog, f, (_net((2, 2), step=3), x), (_net((2, 2), step=4), x))
     assert lines == ["retrace of _train_step: args[0].step: static value 3 -> 4"]
 
 
 def test_array_becomes_static(caplog: pytest.LogCaptureFixture) -> None:
-    f = tm.filter_jit(_train_step, explain_retraces=True)
+    f = tm.filter_jit(_fresh(_train_step), explain_retraces=True)
     x = jnp.ones(2)
     lines = _explained(
         caplog, f, (_net((2, 2), step=jnp.array(3, jnp.int32)), x), (_net((2, 2), step=3), x)
@@ -148,7 +155,7 @@ def test_assert_max_traces_on_a_filter_jit_function() -> None:
 
 
 def test_debug_errors() -> None:
-    with pytest.raises(TypeError, match="neither a filter_jit function"):
+    with pytest.raises(ValueError, match="neither a filter_jit function"):
         tm.debug.get_num_traces(lambda x: x)
     with pytest.raises(ValueError, match="max_traces must be an int"):
         tm.debug.assert_max_traces(lambda x: x, max_traces=-1)
