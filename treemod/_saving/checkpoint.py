@@ -171,6 +171,32 @@ def _key_path_of(like: Any, node: Any) -> str:
     return found[0]
 
 
+def _prefix_hint(names: set[str], targets: list[tuple[str, Any]], prefix: str) -> str:
+    """A hint naming the `prefix=` under which the file holds every entry of `like`, if any.
+
+    Loading the model alone from a `{"model": ..., "opt_state": ...}` checkpoint finds the
+    model's entries under `['model']`; only the error path pays for the search.
+    """
+    wanted = [n[len(prefix) :] for n, leaf in targets if n in names or kind(leaf) == "array"]
+    if not wanted or not wanted[0]:
+        return ""
+    first = wanted[0]
+    found = sorted(
+        n[: -len(first)]
+        for n in names
+        if n.endswith(first)
+        and n != prefix + first
+        and all(n[: -len(first)] + w in names for w in wanted)
+    )
+    if not found:
+        return ""
+    return (
+        f"\nThe file holds every entry of like under prefix={found[0]!r}: pass "
+        f"prefix={found[0]!r} to load that part (say, the model alone from a checkpoint of "
+        "{'model': ..., 'opt_state': ...})."
+    )
+
+
 def load(
     path_or_file: PathOrFile,
     like: Any,
@@ -263,6 +289,7 @@ def load(
                 + (f"\n  ... and {more} more" if more else "")
                 + "\nNothing was loaded. Key paths are jax.tree_util.keystr paths. To load part "
                 "of a model, pass where= (and prefix= if the file names it differently)."
+                + _prefix_hint(set(reader.tensors) | set(values), targets, prefix)
             )
         new_leaves = []
         # Checksums are computed in a second thread while the next tensor is read and placed;
