@@ -251,46 +251,76 @@ class BatchNorm(Module):
             new_var = (1 - m) * self.running_var.value.astype(compute) + m * bvar
             update_state(self.running_mean, new_mean.astype(state_dtype))
             update_state(self.running_var, new_var.astype(state_dtype))
-        shape = [1] * x.ndim
-        shape[channel_axis] = self.input_size
-        scale = lax.rsqrt(var + self.eps)
-        if self.weight is not None:
-            scale = scale * self.weight.astype(compute)
-        y = (xc - mean.reshape(shape)) * scale.reshape(shape)
-        if self.bias is not None:
-            y = y + self.bias.astype(compute).reshape(shape)
+        y = normalise(xc, mean, var, self.weight, self.bias, self.eps, channel_axis)
         return y.astype(out_dtype)
 
     def _batch_statistics(self, x: jax.Array, axes: tuple[int, ...]) -> tuple[Any, Any, Any]:
         """Per-channel mean and biased variance over `axes` (and `axis_name`), and the count."""
-        local = math.prod(x.shape[i] for i in axes)
-        if self.axis_name is None:
-            n: Any = local
-            if n <= 1:
-                raise ValueError(
-                    f"BatchNorm in training mode needs more than one value per channel to "
-                    f"estimate a variance, but the input of shape {tuple(x.shape)} has {n}. "
-                    "Give it a batch of at least two examples, or use inference mode."
-                )
-            mean = jnp.mean(x, axis=axes)
-            centred = x - jnp.expand_dims(mean, axes)
-            return mean, jnp.mean(centred * centred, axis=axes), n
-        try:
-            n = lax.psum(local, self.axis_name)
-        except NameError:
-            raise NameError(
-                f"BatchNorm(axis_name={self.axis_name!r}) in training mode must run under "
-                f"jax.vmap/filter_vmap(..., axis_name={self.axis_name!r}) (or shard_map/pmap "
-                "with that axis), on one example (C, *spatial) at a time. To call it on a "
-                "batch (N, C, *spatial) directly, build it with axis_name=None."
-            ) from None
-        if isinstance(n, int) and n <= 1:
+        return batch_statistics(x, axes, self.axis_name)
+
+
+def batch_statistics(
+    x: jax.Array, axes: tuple[int, ...], axis_name: Hashable | tuple[Hashable, ...] | None
+) -> tuple[Any, Any, Any]:
+    """Per-channel mean and biased variance of `x` over `axes` and the mapped `axis_name`.
+
+    Shared by `BatchNorm` and the Equinox compat layer.
+
+    Returns:
+        `(mean, variance, count)`; the count is the number of values per channel.
+    """
+    local = math.prod(x.shape[i] for i in axes)
+    if axis_name is None:
+        n: Any = local
+        if n <= 1:
             raise ValueError(
                 f"BatchNorm in training mode needs more than one value per channel to "
-                f"estimate a variance, but the mapped axis {self.axis_name!r} and the input of "
-                f"shape {tuple(x.shape)} give {n}. Map over a batch of at least two examples."
+                f"estimate a variance, but the input of shape {tuple(x.shape)} has {n}. "
+                "Give it a batch of at least two examples, or use inference mode."
             )
-        mean = lax.psum(jnp.sum(x, axis=axes), self.axis_name) / n
+        mean = jnp.mean(x, axis=axes)
         centred = x - jnp.expand_dims(mean, axes)
-        var = lax.psum(jnp.sum(centred * centred, axis=axes), self.axis_name) / n
-        return mean, var, n
+        return mean, jnp.mean(centred * centred, axis=axes), n
+    try:
+        n = lax.psum(local, axis_name)
+    except NameError:
+        raise NameError(
+            f"BatchNorm(axis_name={axis_name!r}) in training mode must run under "
+            f"jax.vmap/filter_vmap(..., axis_name={axis_name!r}) (or shard_map/pmap "
+            "with that axis), on one example (C, *spatial) at a time. To call it on a "
+            "batch (N, C, *spatial) directly, build it with axis_name=None."
+        ) from None
+    if isinstance(n, int) and n <= 1:
+        raise ValueError(
+            f"BatchNorm in training mode needs more than one value per channel to "
+            f"estimate a variance, but the mapped axis {axis_name!r} and the input of "
+            f"shape {tuple(x.shape)} give {n}. Map over a batch of at least two examples."
+        )
+    mean = lax.psum(jnp.sum(x, axis=axes), axis_name) / n
+    centred = x - jnp.expand_dims(mean, axes)
+    var = lax.psum(jnp.sum(centred * centred, axis=axes), axis_name) / n
+    return mean, var, n
+
+
+def normalise(
+    x: jax.Array,
+    mean: jax.Array,
+    var: jax.Array,
+    weight: jax.Array | None,
+    bias: jax.Array | None,
+    eps: float,
+    channel_axis: int,
+) -> jax.Array:
+    """`(x - mean) / sqrt(var + eps) * weight + bias`, with per-channel statistics and affine.
+
+    Shared by `BatchNorm` and the Equinox compat layer; computes in `x`'s dtype.
+    """
+    shape = [1] * x.ndim
+    shape[channel_axis] = x.shape[channel_axis]
+    scale = lax.rsqrt(var + eps)
+    if weight is not None:
+        scale = scale * weight.astype(x.dtype)
+    y = (x - mean.reshape(shape)) * scale.reshape(shape)
+    if bias is not None:
+        y = y + bias.astype(x.dtype).reshape(shape)
+    return y

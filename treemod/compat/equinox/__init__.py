@@ -10,7 +10,6 @@ from treemod import (
     AbstractVar,
     CheckpointError,
     FrozenModuleError,
-    Module,
     Partial,
     ShapeCheckerError,
     ShapeCheckError,
@@ -65,6 +64,8 @@ from treemod import (
 
 from . import debug as debug
 from . import nn as nn
+from ._module import Module
+from .nn._inference import tree_inference
 
 __all__ = [
     "apply_updates",
@@ -122,6 +123,8 @@ __all__ = [
     "save",
     "tree_deserialise_leaves",
     "tree_serialise_leaves",
+    # Compat-only names.
+    "tree_inference",
     # Compat namespaces.
     "debug",
     "nn",

@@ -5,7 +5,6 @@ Equinox's are replaced below by compat layers built over treemod's.
 """
 
 from treemod.nn import (
-    MLP,
     AdaptiveAvgPool,
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -19,7 +18,6 @@ from treemod.nn import (
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
-    BatchNorm,
     Conv,
     Conv1d,
     Conv2d,
@@ -30,32 +28,33 @@ from treemod.nn import (
     ConvTranspose3d,
     Dropout,
     Embedding,
-    GroupNorm,
     GRUCell,
     Identity,
     KeySeq,
-    Lambda,
-    LayerNorm,
     Linear,
     LSTMCell,
     MaxPool,
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
-    MultiheadAttention,
     Pool,
     PReLU,
-    RMSNorm,
     RotaryPositionalEmbedding,
-    Sequential,
     Shared,
-    SpectralNorm,
     Stack,
     WeightNorm,
-    inference_mode,
     init,
     split_like,
 )
+
+from ._attention import MultiheadAttention
+from ._batch_norm import BatchNorm
+from ._inference import inference_mode
+from ._mlp import MLP
+from ._normalisation import GroupNorm, LayerNorm, RMSNorm
+from ._sequential import Lambda, Sequential
+from ._spectral_norm import SpectralNorm
+from ._stateful import State, StatefulLayer, StateIndex, delete_init_state, make_with_state
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -108,4 +107,10 @@ __all__ = [
     "split_like",
     "BatchNorm",
     "inference_mode",
+    # Equinox's state API.
+    "State",
+    "StateIndex",
+    "StatefulLayer",
+    "delete_init_state",
+    "make_with_state",
 ]

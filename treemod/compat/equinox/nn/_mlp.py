@@ -1,0 +1,119 @@
+"""Equinox's `MLP`: treemod's, with `scan=` (hidden layers stacked and run by `lax.scan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+from jax import lax
+
+from treemod._module.module import field
+from treemod.nn._linear import Linear
+from treemod.nn._mlp import MLP as _MLP
+from treemod.nn._mlp import _identity
+from treemod.nn._utils import require_key
+
+__all__ = ["MLP"]
+
+
+class MLP(_MLP):
+    """Equinox's `nn.MLP`: `depth` hidden `Linear` layers of `width_size`, then an output layer.
+
+    The same key splits and initialisation as Equinox (and `treemod.nn.MLP`). With
+    `scan=True` the `depth - 1` hidden-to-hidden layers are held as one `Linear` whose arrays
+    have a leading axis of length `depth - 1` (`layers == (input, hidden_stack, output)`) and are
+    applied with `jax.lax.scan`, which compiles one layer instead of `depth - 1`.
+
+    Arguments:
+        in_size: input size, or `"scalar"`.
+        out_size: output size, or `"scalar"`.
+        width_size: hidden width.
+        depth: number of hidden layers.
+        activation: applied after each hidden layer.
+        final_activation: applied to the output.
+        use_bias: bias on the hidden layers.
+        use_final_bias: bias on the output layer.
+        dtype: parameter dtype.
+        scan: stack the hidden layers and run them with `lax.scan`.
+        key: the PRNG key.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import treemod.compat.equinox as eqx
+        >>> mlp = eqx.nn.MLP(2, 3, 8, depth=4, scan=True, key=jax.random.key(0))
+        >>> mlp.layers[1].weight.shape
+        (3, 8, 8)
+        >>> mlp(jnp.ones(2)).shape
+        (3,)
+    """
+
+    use_bias: bool = field(static=True)
+    use_final_bias: bool = field(static=True)
+    scan: bool = field(static=True)
+
+    def __init__(
+        self,
+        in_size: int | Literal["scalar"],
+        out_size: int | Literal["scalar"],
+        width_size: int,
+        depth: int,
+        activation: Callable[..., Any] = jax.nn.relu,
+        final_activation: Callable[..., Any] = _identity,
+        use_bias: bool = True,
+        use_final_bias: bool = True,
+        dtype: Any = None,
+        *,
+        scan: bool = False,
+        key: Any,
+    ) -> None:
+        if not scan:
+            super().__init__(
+                in_size,
+                out_size,
+                width_size,
+                depth,
+                activation,
+                final_activation,
+                use_bias,
+                use_final_bias,
+                dtype,
+                key=key,
+            )
+        else:
+            require_key("MLP", key)
+            if not isinstance(width_size, int) or depth < 1:
+                raise ValueError(
+                    f"MLP(scan=True) needs one int width_size and depth >= 1; got "
+                    f"width_size={width_size!r}, depth={depth!r}."
+                )
+            keys = jax.random.split(key, depth + 1)
+            hidden = jax.vmap(lambda k: Linear(width_size, width_size, use_bias, dtype, key=k))(
+                keys[1:depth]
+            )
+            self.layers = (
+                Linear(in_size, width_size, use_bias, dtype, key=keys[0]),
+                hidden,
+                Linear(width_size, out_size, use_final_bias, dtype, key=keys[-1]),
+            )
+            self.activation = activation
+            self.final_activation = final_activation
+            self.in_size = in_size
+            self.out_size = out_size
+            self.width_size = width_size
+            self.depth = depth
+        self.use_bias = use_bias
+        self.use_final_bias = use_final_bias
+        self.scan = scan
+
+    def __call__(self, x: Any, *, key: Any = None) -> Any:
+        """Apply the MLP to `(in_size,)` (or `()` for a scalar input; batch axes also work)."""
+        if not self.scan:
+            return super().__call__(x)
+        first, hidden, last = self.layers
+
+        def step(h: Any, layer: Linear) -> tuple[Any, None]:
+            return self.activation(layer(h)), None
+
+        x, _ = lax.scan(step, self.activation(first(x)), hidden)
+        return self.final_activation(last(x))
