@@ -177,6 +177,35 @@ def test_summary_lists_modules_without_parameters() -> None:
     ]
 
 
+def test_summary_shows_parameters_and_state_apart() -> None:
+    # BatchNorm(16): weight and bias are parameters; the running mean and variance are State.
+    model = tm.nn.Sequential([tm.nn.Linear(3, 16, key=jax.random.key(0)), tm.nn.BatchNorm(16)])
+    rows = _table(tm.tree_summary(model))
+    assert rows[0] == ["path", "type", "params", "state", "bytes"]
+    assert rows[1] == [".layers[0]", "Linear", "64", "0", "256"]
+    assert rows[2] == [".layers[1]", "BatchNorm", "32", "32", "256"]
+    # The reference: tm.is_param's leaves, and the leaves under tm.State nodes.
+    params = jax.tree_util.tree_leaves(tm.filter(model, tm.is_param))
+    states = jax.tree_util.tree_leaves(
+        [x for x in jax.tree_util.tree_leaves(model, is_leaf=tm.is_state) if tm.is_state(x)]
+    )
+    n_params, n_state = sum(x.size for x in params), sum(x.size for x in states)
+    assert rows[-1] == ["total", str(n_params), str(n_state), str(4 * (n_params + n_state))]
+    # One row per array: the statistics' rows stay in the state column.
+    rows = _table(tm.tree_summary(model, depth=None))
+    assert [".layers[1].running_var.value", "f32[16]", "0", "16", "64"] in rows
+    assert [".layers[1].weight", "f32[16]", "16", "0", "64"] in rows
+    # A State at the root, and an abstract model, count the same way.
+    assert _table(tm.tree_summary(tm.State(jnp.zeros(3))))[1] == [
+        ".value",
+        "f32[3]",
+        "0",
+        "3",
+        "12",
+    ]
+    assert tm.tree_summary(jax.eval_shape(lambda: model)) == tm.tree_summary(model)
+
+
 def test_tree_pprint_prints_tree_pformat(capsys) -> None:
     tree = {"layers": [jnp.zeros((2, 3))] * 20, "act": "relu"}
     tm.tree_pprint(tree, max_items=4, width=40)

@@ -121,41 +121,58 @@ def _type_name(node: Any) -> str:
     return type(node).__name__
 
 
-def _count(node: Any) -> tuple[int, int]:
-    count = nbytes = 0
-    for leaf in jtu.tree_leaves(node):
-        if _is_arraylike_leaf(leaf):
-            n = int(np.prod(leaf.shape, dtype=np.int64))
-            count += n
-            nbytes += n * leaf.dtype.itemsize  # PRNG keys too: their dtype has no NumPy twin
-    return count, nbytes
+def _is_state_node(x: Any) -> bool:
+    """Whether `x` is a `treemod.State` node (its class is marked: this layer cannot import it)."""
+    return getattr(type(x), "__tm_state__", False) is True
+
+
+def _count(node: Any, in_state: bool) -> tuple[int, int, int]:
+    """Array elements outside `State` nodes, inside them, and the bytes of both."""
+    counts = [0, 0]
+    nbytes = 0
+    for part in jtu.tree_leaves(node, is_leaf=_is_state_node):
+        inside = in_state or _is_state_node(part)
+        for leaf in jtu.tree_leaves(part):
+            if _is_arraylike_leaf(leaf):
+                n = int(np.prod(leaf.shape, dtype=np.int64))
+                counts[inside] += n
+                nbytes += n * leaf.dtype.itemsize  # PRNG keys too: their dtype has no NumPy twin
+    return counts[0], counts[1], nbytes
 
 
 def _rows(
-    node: Any, path: str, level: int, depth: int | None, rows: list[tuple[str, str, int, int]]
+    node: Any,
+    path: str,
+    level: int,
+    depth: int | None,
+    rows: list[tuple[str, str, int, int, int]],
+    in_state: bool = False,
 ) -> None:
     """Append the rows for `node` at `path`; `level` is how many levels `path` has used."""
+    in_state = in_state or _is_state_node(node)
     children = _children(node)
     module = _is_module(node)
     # A container of modules (a list of layers) is no level of its own: `.layers[0]` is one.
     transparent = not module and any(_is_module(c) for _, c in children)
     at_depth = depth is not None and level >= depth and not transparent
     if not children or at_depth:
-        count, nbytes = _count(node)
-        if count or module:
-            rows.append((path or "(root)", _type_name(node), count, nbytes))
+        count, state, nbytes = _count(node, in_state)
+        if count or state or module:
+            rows.append((path or "(root)", _type_name(node), count, state, nbytes))
         return
     step = 0 if transparent and path else 1
     for key, child in children:
-        _rows(child, path + key, level + step, depth, rows)
+        _rows(child, path + key, level + step, depth, rows, in_state)
 
 
 def tree_summary(pytree: Any, *, depth: int | None = 1) -> str:
-    """A table of array-parameter counts and bytes per submodule, with a total.
+    """A table of parameter and state counts and bytes per submodule, with a total.
 
     Rows group the arrays under each path `depth` levels below the root. A list (or tuple or
     dict) of modules is not a level of its own, so a model with `layers: list` gets one row per
     layer (`.layers[0]`, `.layers[1]`, ...). Arrays directly on a module get their own row.
+    Arrays inside `State` nodes (BatchNorm's running statistics, say) are counted apart, in a
+    `state` column that the table has when the tree holds any.
 
     Arguments:
         pytree: a model (or any pytree of arrays; `jax.ShapeDtypeStruct` leaves count too, so
@@ -163,8 +180,8 @@ def tree_summary(pytree: Any, *, depth: int | None = 1) -> str:
         depth: how many levels to group by (`None`: one row per array).
 
     Returns:
-        The table as a string: path, type (class, container or `f32[shape]`), parameter
-        count and bytes.
+        The table as a string: path, type (class, container or `f32[shape]`), the number of
+        array elements outside `State` (`params`) and inside it (`state`), and bytes.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -182,16 +199,28 @@ def tree_summary(pytree: Any, *, depth: int | None = 1) -> str:
         .layers[1]  Linear       9     36
         .scale      f32[]        1      4
         total                   34    136
+        >>> class Norm(tm.Module):
+        ...     weight: jnp.ndarray
+        ...     running_mean: tm.State
+        >>> print(tm.tree_summary(Norm(jnp.ones(4), tm.State(jnp.zeros(4)))))
+        path           type    params  state  bytes
+        .weight        f32[4]       4      0     16
+        .running_mean  State        0      4     16
+        total                       4      4     32
     """
     if depth is not None and depth < 0:
         raise ValueError(f"tree_summary: depth must be >= 0 or None, got {depth}.")
-    rows: list[tuple[str, str, int, int]] = []
+    rows: list[tuple[str, str, int, int, int]] = []
     _rows(pytree, "", 0, depth, rows)
-    total = sum(r[2] for r in rows), sum(r[3] for r in rows)
-    table = [("path", "type", "params", "bytes")]
-    table += [(p, t, str(c), str(b)) for p, t, c, b in rows]
-    table.append(("total", "", str(total[0]), str(total[1])))
-    w = [max(len(r[i]) for r in table) for i in range(4)]
+    rows.append(("total", "", *(sum(r[i] for r in rows) for i in (2, 3, 4))))
+    with_state = rows[-1][3] > 0
+    table = [("path", "type", "params", *(("state",) if with_state else ()), "bytes")]
+    for p, t, c, s, b in rows:
+        table.append((p, t, str(c), *((str(s),) if with_state else ()), str(b)))
+    w = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     return "\n".join(
-        f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}".rstrip() for r in table
+        "  ".join(
+            f"{cell:<{w[i]}}" if i < 2 else f"{cell:>{w[i]}}" for i, cell in enumerate(r)
+        ).rstrip()
+        for r in table
     )

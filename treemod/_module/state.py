@@ -85,6 +85,8 @@ def is_param(element: Any) -> bool:
 
 
 is_param.is_leaf = is_state  # type: ignore[attr-defined]
+# The marker by which code below this layer (tree_summary) tells State nodes apart.
+State.__tm_state__ = True  # type: ignore[attr-defined]
 
 
 def _current_trace() -> Any:
