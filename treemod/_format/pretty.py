@@ -212,7 +212,9 @@ def tree_summary(pytree: Any, *, depth: int | None = 1) -> str:
         raise ValueError(f"tree_summary: depth must be >= 0 or None, got {depth}.")
     rows: list[tuple[str, str, int, int, int]] = []
     _rows(pytree, "", 0, depth, rows)
-    rows.append(("total", "", *(sum(r[i] for r in rows) for i in (2, 3, 4))))
+    rows.append(
+        ("total", "", sum(r[2] for r in rows), sum(r[3] for r in rows), sum(r[4] for r in rows))
+    )
     with_state = rows[-1][3] > 0
     table = [("path", "type", "params", *(("state",) if with_state else ()), "bytes")]
     for p, t, c, s, b in rows:
