@@ -48,7 +48,7 @@ from treemod._transforms.remat import filter_checkpoint
 from treemod._transforms.compile_cache import enable_compile_cache
 from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.custom_vjp import filter_custom_vjp
-from treemod._transforms.error_if import branched_error_if, error_if
+from treemod._transforms.error_if import RuntimeCheckError, branched_error_if, error_if
 from treemod._transforms.eval_shape import filter_eval_shape
 from treemod._transforms.jit import filter_jit
 from treemod._transforms.make_jaxpr import filter_make_jaxpr
@@ -102,6 +102,7 @@ __all__ = [
     "stateful",
     "update_state",
     # Transforms.
+    "RuntimeCheckError",
     "branched_error_if",
     "enable_compile_cache",
     "error_if",
