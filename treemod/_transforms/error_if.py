@@ -2,21 +2,56 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 
 from treemod._format.describe import describe_value
+from treemod._transforms.unvmap import unvmap_any
 
-__all__ = ["branched_error_if", "error_if"]
+__all__ = ["RuntimeCheckError", "branched_error_if", "error_if"]
 
 T = TypeVar("T")
+OnError = Literal["default", "raise", "breakpoint", "nan", "off"]
+_ON_ERROR = ("raise", "breakpoint", "nan", "off")
 
 
-def error_if(x: T, pred: Any, msg: str) -> T:
+class RuntimeCheckError(RuntimeError):
+    """The error `error_if` raises (Equinox's `EquinoxRuntimeError`; a `RuntimeError`).
+
+    Raised directly when the predicate is known without running the program (eagerly, or a
+    Python `bool`). From inside a compiled program JAX reports it wrapped in
+    `jax.errors.JaxRuntimeError` (also a `RuntimeError`) whose text holds the message.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> try:
+        ...     tm.error_if(jnp.ones(2), jnp.ones(2) > 0, "positive")
+        ... except tm.RuntimeCheckError as e:
+        ...     print(e)
+        positive
+    """
+
+
+def _default_on_error() -> str:
+    """`TREEMOD_ON_ERROR` (or Equinox's `EQX_ON_ERROR`), read once at import; else "raise"."""
+    value = os.environ.get("TREEMOD_ON_ERROR") or os.environ.get("EQX_ON_ERROR") or "raise"
+    if value not in _ON_ERROR:
+        raise ValueError(
+            f"TREEMOD_ON_ERROR/EQX_ON_ERROR must be one of {_ON_ERROR}; got {value!r}."
+        )
+    return value
+
+
+_DEFAULT_ON_ERROR = _default_on_error()
+
+
+def error_if(x: T, pred: Any, msg: str, *, on_error: OnError = "default") -> T:
     """Return `x`, raising `RuntimeError(msg)` when the run reaches here with `pred` true.
 
     Equinox's `error_if`. `pred` is a boolean array (any shape; the error fires when any
@@ -26,13 +61,22 @@ def error_if(x: T, pred: Any, msg: str) -> T:
     works under `vmap` (any example with `pred` true raises) and differentiation (the
     derivative passes through `x` unchanged). Only one boolean crosses to the host per call.
 
+    A predicate known without running the program (a Python `bool`, or a concrete array
+    outside any transform) is decided at once: `RuntimeCheckError(msg)` is raised there, or `x`
+    returned with no check compiled in.
+
     Arguments:
         x: any pytree, returned unchanged.
         pred: a boolean array, or Python bool.
         msg: the error message.
+        on_error: what a true `pred` does: `"raise"` an error, open a `"breakpoint"` (the
+            debugger, with the message printed), return `x` with its arrays filled with
+            `"nan"` (integers: their maximum, booleans: `True`), or nothing (`"off"`).
+            `"default"` reads the environment variable `TREEMOD_ON_ERROR` (or Equinox's
+            `EQX_ON_ERROR`) once, at import; unset means `"raise"`.
 
     Returns:
-        `x`.
+        `x` (with `on_error="nan"`, its arrays replaced when `pred` holds).
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -48,10 +92,12 @@ def error_if(x: T, pred: Any, msg: str) -> T:
         ...     print("x must be positive" in str(e))
         True
     """
-    return _raise_if(x, pred, 0, (msg,), "error_if")
+    return _raise_if(x, pred, 0, (msg,), "error_if", on_error)
 
 
-def branched_error_if(x: T, pred: Any, index: Any, msgs: Sequence[str]) -> T:
+def branched_error_if(
+    x: T, pred: Any, index: Any, msgs: Sequence[str], *, on_error: OnError = "default"
+) -> T:
     """`error_if` with a choice of messages: raise `RuntimeError(msgs[index])`.
 
     Equinox's `branched_error_if`. `index` is an integer array broadcastable against `pred`
@@ -63,6 +109,7 @@ def branched_error_if(x: T, pred: Any, index: Any, msgs: Sequence[str]) -> T:
         pred: a boolean array, or Python bool.
         index: which message, per element of `pred`.
         msgs: the messages.
+        on_error: as for `error_if`.
 
     Returns:
         `x`.
@@ -76,10 +123,36 @@ def branched_error_if(x: T, pred: Any, index: Any, msgs: Sequence[str]) -> T:
         ...     print(e)
         inf
     """
-    return _raise_if(x, pred, index, msgs, "branched_error_if")
+    return _raise_if(x, pred, index, msgs, "branched_error_if", on_error)
 
 
-def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str) -> T:
+def _nan_like(x: Any) -> Any:
+    if not hasattr(x, "dtype"):
+        return x
+    dtype = jnp.result_type(x)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        fill: Any = jnp.nan
+    elif jnp.issubdtype(dtype, jnp.integer):
+        fill = jnp.iinfo(dtype).max
+    elif dtype == jnp.bool_:
+        fill = True
+    else:
+        return x
+    return jnp.full(jnp.shape(x), fill, dtype)
+
+
+def _known(value: Any) -> bool:
+    """Whether `value` is known without running the program (not traced)."""
+    return not any(isinstance(v, jax.core.Tracer) for v in jtu.tree_leaves(value))
+
+
+def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str, on_error: str) -> T:
+    if on_error == "default":
+        on_error = _DEFAULT_ON_ERROR
+    elif on_error not in _ON_ERROR:
+        raise ValueError(
+            f"{name}: on_error must be one of {('default', *_ON_ERROR)}; got {on_error!r}."
+        )
     if not isinstance(pred, bool) and jnp.result_type(pred) != jnp.bool_:
         raise TypeError(
             f"{name}: `pred` must be a boolean array (such as `x < 0`); got "
@@ -88,13 +161,40 @@ def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str) -> T:
     if not isinstance(index, int) and not jnp.issubdtype(jnp.result_type(index), jnp.integer):
         raise TypeError(f"{name}: `index` must be an integer array; got {describe_value(index)}.")
     msgs = tuple(msgs)
+    if on_error == "off":
+        return x
+    if _known(pred) and _known(index):
+        holds = np.asarray(pred)
+        if not holds.any():
+            return x
+        which = int(np.broadcast_to(np.asarray(index), holds.shape).ravel()[np.argmax(holds)])
+        if on_error == "raise":
+            raise RuntimeCheckError(msgs[which])
+        if on_error == "nan":
+            return jtu.tree_map(_nan_like, x)
+        print(f"{name}: {msgs[which]}")
+        breakpoint()  # noqa: T100 - on_error="breakpoint" asks for exactly this
+        return x
     pred, index = jnp.broadcast_arrays(pred, index)
     first = jnp.argmax(pred.ravel())  # the first true element (0 if none is)
+    if on_error == "nan":
+        return jax.lax.cond(jnp.any(pred), lambda t: jtu.tree_map(_nan_like, t), lambda t: t, x)
+    if on_error == "breakpoint":
+
+        def stop(which: Any) -> None:
+            print(f"{name}: {msgs[int(np.ravel(which)[0])]}")
+
+        def open_debugger() -> None:
+            jax.debug.callback(stop, index.ravel()[first])
+            jax.debug.breakpoint()
+
+        jax.lax.cond(unvmap_any(pred), open_debugger, lambda: None)
+        return x
 
     def check(any_true: Any, which: Any) -> None:
         any_true, which = np.ravel(any_true), np.ravel(which)
         if any_true.any():  # under vmap: one entry per example
-            raise RuntimeError(msgs[int(which[np.argmax(any_true)])])
+            raise RuntimeCheckError(msgs[int(which[np.argmax(any_true)])])
 
     jax.debug.callback(check, jnp.any(pred), index.ravel()[first])
     return x
