@@ -124,9 +124,10 @@ def test_bad_header_length(tmp_path: pathlib.Path) -> None:
         ("dtype", "F99", "unknown dtype 'F99'"),
         ("shape", [2, -3], "invalid shape"),
         ("shape", "23", "invalid shape"),
-        ("data_offsets", [8, 0], "invalid data_offsets"),
+        ("data_offsets", [8, 0], "without gaps or overlaps"),
+        ("data_offsets", [0], "invalid data_offsets"),
         ("data_offsets", [0, 7], "takes 24 bytes"),
-        ("data_offsets", [10**6, 10**6 + 24], "tensor \"['w']\" ends at byte 1000024"),
+        ("data_offsets", [10**6, 10**6 + 24], "without gaps or overlaps"),
     ],
 )
 def test_bad_tensor_entries(tmp_path: pathlib.Path, field: str, value, expected: str) -> None:
@@ -373,7 +374,7 @@ def test_sigkill_during_save_leaves_the_old_checkpoint_intact(tmp_path: pathlib.
         killed_mid_write = False
         deadline = time.monotonic() + 600  # generous: the machine may be busy
         while proc.poll() is None and time.monotonic() < deadline:
-            temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            temps = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
             if temps and temps[0].stat().st_size > 1_000_000:
                 proc.send_signal(signal.SIGKILL)
                 killed_mid_write = True
@@ -385,8 +386,8 @@ def test_sigkill_during_save_leaves_the_old_checkpoint_intact(tmp_path: pathlib.
     assert killed_mid_write, "the writer finished before it could be killed"
     assert proc.returncode == -signal.SIGKILL
     # The half-written temporary is left beside the checkpoint, which is untouched.
-    temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    assert len(temps) == 1 and temps[0].name.startswith(".ckpt.safetensors.")
+    temps = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert len(temps) == 1 and temps[0].name.startswith(".ckpt.safetensors.tmp-")
     assert 1_000_000 < temps[0].stat().st_size < n * 4
     assert path.read_bytes() == old_bytes
     like = {"w": [jax.ShapeDtypeStruct((1000,), jnp.float32)] * 8, "step": 0}
@@ -400,7 +401,7 @@ def test_sigkill_during_save_leaves_the_old_checkpoint_intact(tmp_path: pathlib.
 
 def test_hostile_headers_get_checkpoint_errors(tmp_path: pathlib.Path) -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
-    assert "header is not valid JSON" in _error(tmp_path, struct.pack("<Q", len(deep)) + deep)
+    assert "nested more than 127 levels" in _error(tmp_path, struct.pack("<Q", len(deep)) + deep)
     header, data = _split(_raw())
     header["__metadata__"]["treemod.values"] = "[" * 100_000 + "]" * 100_000
     assert "'treemod.values' is not valid JSON" in _error(tmp_path, _join(_rehash(header), data))

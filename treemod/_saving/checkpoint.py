@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
@@ -18,7 +19,15 @@ import jax.tree_util as jtu
 import numpy as np
 
 from treemod._saving.errors import CheckpointError
-from treemod._saving.leaves import SIMPLE, check, is_key, key_record, kind, wrap_key
+from treemod._saving.leaves import (
+    as_like,
+    check,
+    is_key,
+    key_record,
+    kind,
+    simple_kind,
+    wrap_key,
+)
 from treemod._saving.safetensors_read import open_checkpoint
 from treemod._saving.safetensors_write import DTYPES, write_checkpoint
 from treemod._tree.filters import is_array
@@ -31,15 +40,38 @@ PathOrFile = str | os.PathLike | IO[bytes]
 _MAX_LISTED = 40
 
 
-def _encode(value: Any) -> list[Any]:
-    kind = SIMPLE[type(value)]
+def _encode(name: str, value: Any, kind: str) -> list[Any]:
+    """A simple value as stored: `[kind, text]`, the plain value of a subclass (an IntEnum)."""
     if kind == "float":
-        return [kind, repr(value)]  # repr round-trips exactly, nan and inf included
+        return [kind, float.__repr__(value)]  # round-trips exactly, nan and inf included
     if kind == "complex":
-        return [kind, [repr(value.real), repr(value.imag)]]
+        return [kind, [float.__repr__(value.real), float.__repr__(value.imag)]]
     if kind == "int":
-        return [kind, str(value)]
+        try:
+            return [kind, int.__repr__(value)]
+        except ValueError:  # more digits than Python turns into text
+            digits = int(value.bit_length() * 0.30103)
+            raise ValueError(
+                f"save: the int at {name or '(root)'} has about {digits} digits, more than "
+                f"Python converts to text ({sys.get_int_max_str_digits()}). "
+                "Store it as a str, or as an array of its parts."
+            ) from None
+    if kind == "str":
+        value = str.__str__(value)
+        _check_text(f"the str value at {ascii(name)}", value)
     return [kind, value]
+
+
+def _check_text(subject: str, text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"save: {subject} holds a lone surrogate ({ascii(text[e.start : e.end])}), "
+                "which is not valid Unicode and cannot be stored. Fix the text (e.g. "
+                "text.encode('utf-8', 'surrogatepass').decode('utf-8', 'replace'))."
+            ) from None
 
 
 def _decode(label: str, name: str, entry: Any) -> Any:
@@ -105,6 +137,8 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
                 "alike, such as 1 and '1'?). Give them distinct keys."
             )
         seen.add(name)
+        if not name.isascii():
+            _check_text(f"the key path {ascii(name)}", name)
         _check_not_traced(name, leaf, "save")
         if isinstance(leaf, jax.ShapeDtypeStruct):
             raise TypeError(
@@ -129,8 +163,9 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
                     "cannot hold (bool, integer, floating, complex and ml_dtypes arrays can)."
                 ) from None
             tensors.append((name, leaf))
-        elif type(leaf) in SIMPLE:
-            values[name] = _encode(leaf)
+        elif (leaf_kind := simple_kind(leaf)) is not None:
+            values[name] = _encode(name, leaf, leaf_kind)
+
     metadata = {"treemod.values": json.dumps(values, ensure_ascii=False)}
     metadata["treemod.keys"] = json.dumps(keys)
     write_checkpoint(path_or_file, tensors, metadata)
@@ -306,7 +341,9 @@ def load(
                     if is_key(leaf):
                         host = wrap_key(reader.label, name, host, keys[name])
                     new_leaves.append(_to_like(host, leaf))
-                elif leaf_kind in ("array", "value") and name in values:
+                elif leaf_kind == "value" and name in values:
+                    new_leaves.append(as_like(reader.label, name, values[name], leaf))
+                elif leaf_kind == "array" and name in values:
                     new_leaves.append(values[name])
                 else:
                     new_leaves.append(leaf)

@@ -18,16 +18,38 @@ from treemod._saving.errors import CheckpointError
 from treemod._saving.safetensors_write import TensorInfo
 from treemod._tree.filters import is_array
 
-__all__ = ["SIMPLE", "check", "kind", "is_key", "key_record", "wrap_key"]
+__all__ = ["SIMPLE", "as_like", "check", "kind", "is_key", "key_record", "simple_kind", "wrap_key"]
 
 SIMPLE = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str"}
+_PLAIN = {name: t for t, name in SIMPLE.items()}
+
+
+def simple_kind(leaf: Any) -> str | None:
+    """The kind of a simple value ("int", "str", ...), subclasses (IntEnum, StrEnum) included."""
+    found = SIMPLE.get(type(leaf))
+    if found is None and isinstance(leaf, (int, float, complex, str)):
+        found = next(SIMPLE[t] for t in type(leaf).__mro__ if t in SIMPLE)
+    return found
 
 
 def kind(leaf: Any) -> str:
     """ "array", "value" (a simple Python value) or "other" (not stored; taken from `like`)."""
     if isinstance(leaf, jax.ShapeDtypeStruct) or is_array(leaf):
         return "array"
-    return "value" if type(leaf) in SIMPLE else "other"
+    return "other" if simple_kind(leaf) is None else "value"
+
+
+def as_like(label: str, name: str, value: Any, leaf: Any) -> Any:
+    """The file's simple value as `like`'s leaf's type (an IntEnum member, say)."""
+    if type(leaf) is type(value):
+        return value
+    try:
+        return type(leaf)(value)
+    except Exception as e:
+        raise CheckpointError(
+            f"{label}: the value {value!r} at {name} cannot be made a {type(leaf).__name__} "
+            f"(the type of like's leaf): {type(e).__name__}: {e}"
+        ) from None
 
 
 def is_key(leaf: Any) -> bool:
@@ -127,7 +149,7 @@ def check(
                 )
             elif name not in values:
                 problems.append(f"missing: {name} ({_a(leaf)} value in like)")
-            elif type(values[name]) is not type(leaf):
+            elif type(values[name]) is not _PLAIN[simple_kind(leaf)]:  # type: ignore[index]
                 problems.append(
                     f"wrong type: {name} is {_a(values[name])} value in the file but "
                     f"{_a(leaf)} value in like"

@@ -1,14 +1,16 @@
 """Reading checkpoints: parse and validate the header, then read tensors by offset.
 
-Nothing here unpickles or evaluates file contents: the header is JSON, and tensors are raw bytes
-interpreted with dtypes from a fixed allow-list (`DTYPES`), never looked up by name elsewhere.
+Nothing here unpickles or evaluates file contents: the header is JSON, parsed by the reference
+implementation's rules (`safetensors_header`), and tensors are raw bytes interpreted with dtypes
+from a fixed allow-list (`DTYPES`), never looked up by name elsewhere. Every failure to read a
+file is a `CheckpointError` naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import math
 import os
 import struct
 import sys
@@ -19,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_header import MAX_HEADER_BYTES, HeaderError, parse_header
 from treemod._saving.safetensors_write import (
     CODE_TO_NAME,
     DTYPES,
@@ -30,6 +33,13 @@ from treemod._saving.safetensors_write import (
 )
 
 __all__ = ["Reader", "open_checkpoint"]
+
+_CHUNK = 1 << 24
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """There is no checkpoint file at the path (both a `CheckpointError` and a
+    `FileNotFoundError`, so either `except` finds it)."""
 
 
 def _label(source: Any) -> str:
@@ -61,50 +71,84 @@ def _sniff(first: bytes) -> str:
     return ""
 
 
+def _seekable(f: Any) -> bool:
+    try:
+        return bool(f.seekable()) if hasattr(f, "seekable") else True
+    except (OSError, ValueError):
+        return False
+
+
 class Reader:
-    """An open checkpoint: the parsed, validated header, and tensor reads by offset."""
+    """An open checkpoint: the parsed, validated header, and tensor reads by offset.
+
+    A non-seekable stream (a pipe, a socket) is read once, front to back: its tensors' bytes
+    are held in memory until the checkpoint is loaded.
+    """
 
     def __init__(self, f: IO[bytes], label: str, whole_file: bool, allow_foreign: bool):
         self.f = f
         self.label = label
-        start = f.tell()
-        first = f.read(8)
+        seekable = _seekable(f)
+        start = f.tell() if seekable else 0
+        first = self._read(8)
         if len(first) < 8:
             raise CheckpointError(
                 f"{label} is not a treemod checkpoint: it is {len(first)} bytes long, too short "
                 "for a header (the file is empty or truncated)."
             )
-        f.seek(0, os.SEEK_END)
-        size = f.tell() - start
         (n,) = struct.unpack("<Q", first)
-        if n > size - 8 or n < 2:
+        if seekable:
+            f.seek(0, os.SEEK_END)
+            size = f.tell() - start
+            f.seek(start + 8)
+            if n > size - 8 or n < 2:
+                raise CheckpointError(
+                    f"{label} is not a treemod checkpoint: its first 8 bytes say the header is "
+                    f"{n} bytes long, but the file has {size} bytes (the file is truncated or is "
+                    f"not a checkpoint).{_sniff(first)}"
+                )
+        if n > MAX_HEADER_BYTES:
             raise CheckpointError(
-                f"{label} is not a treemod checkpoint: its first 8 bytes say the header is {n} "
-                f"bytes long, but the file has {size} bytes (the file is truncated or is not a "
-                f"checkpoint).{_sniff(first)}"
+                f"{label} is not a treemod checkpoint: its first 8 bytes say the header is {n:,} "
+                f"bytes long, more than the {MAX_HEADER_BYTES:,} bytes safetensors allows."
+                f"{_sniff(first)}"
             )
-        f.seek(start + 8)
-        raw = f.read(n)
+        raw = self._read(n)
+        if len(raw) < n:
+            raise CheckpointError(
+                f"{label} is truncated: its header should be {n} bytes long, but the stream "
+                f"ends after {len(raw)}."
+            )
         try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            table, meta, entries, end = parse_header(raw)
+        except HeaderError as e:
+            raise CheckpointError(f"{label} is corrupted or not a checkpoint: {e}.") from None
+        if seekable:
+            self.data_start = start + 8 + n
+            self.data_size = size - 8 - n
+        else:  # read the data now, once: a pipe cannot seek back to it
+            data = self._read(end)
+            if len(data) < end:
+                raise CheckpointError(
+                    f"{label} is truncated: its tensors take {end} bytes, but the stream ends "
+                    f"after {len(data)}."
+                )
+            self.f = io.BytesIO(data)
+            self.data_start, self.data_size = 0, end
+        if end > self.data_size:
             raise CheckpointError(
-                f"{label} is corrupted or not a treemod checkpoint: its header is not valid "
-                f"JSON ({e})."
-            ) from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{label} is corrupted: its header is not a JSON object.")
-        self.data_start = start + 8 + n
-        self.data_size = size - 8 - n
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-        ):
-            raise CheckpointError(
-                f"{label} is corrupted: '__metadata__' must map strings to strings."
+                f"{label} is truncated: its tensors take {end} bytes, but the file holds only "
+                f"{self.data_size} bytes of data."
             )
+        if whole_file and end != self.data_size:
+            raise CheckpointError(
+                f"{label} is corrupted: its tensors take {end} bytes but the file holds "
+                f"{self.data_size} bytes of data (bytes were appended to the file)."
+            )
+        self.end = end
         self.metadata: dict[str, str] = meta
-        self.foreign = meta.get("treemod.format") != FORMAT
+        marked = sorted(k for k in meta if k.startswith("treemod."))
+        self.foreign = not marked
         if self.foreign and not allow_foreign:
             raise CheckpointError(
                 f"{label} is a safetensors file but not a treemod checkpoint (its metadata has "
@@ -112,40 +156,68 @@ class Reader:
                 "by another tool (e.g. safetensors.torch.save_file), pass allow_foreign=True."
             )
         if not self.foreign:
-            version = meta.get("treemod.version", "")
-            if not (version.isascii() and version.isdigit() and len(version) < 10):
-                raise CheckpointError(
-                    f"{label} is corrupted: its format version {version!r} is not a number."
-                )
-            if int(version) > VERSION:
-                raise CheckpointError(
-                    f"{label} has checkpoint format version {version}, newer than this "
-                    f"treemod reads (version {VERSION}). Upgrade treemod to load it."
-                )
-            if meta.get("treemod.header_sha256") != header_digest(header, meta):
-                raise CheckpointError(
-                    f"{label} is corrupted: the header checksum does not match (tensor names, "
-                    "shapes, offsets or saved values were altered)."
-                )
+            self._check_treemod(table, meta, marked)
         dtypes = self.json_metadata("treemod.dtypes", {})
         self.digests: dict[str, str] = self.json_metadata("treemod.sha256", {})
-        self.tensors = {name: self._parse(name, entry, dtypes) for name, entry in header.items()}
-        end = max((t.end for t in self.tensors.values()), default=0)
-        if whole_file and not self.foreign and end != self.data_size:
+        self.tensors = {name: self._info(name, entry, dtypes) for name, entry in entries.items()}
+
+    def _read(self, n: int) -> bytes:
+        """Up to `n` bytes (fewer only at the end of the file), as bytes."""
+        parts = []
+        while n > 0:
+            part: bytes | str
+            try:
+                part = self.f.read(min(n, _CHUNK))
+            except UnicodeDecodeError:
+                part = ""
+            except OSError as e:
+                raise CheckpointError(f"{self.label} could not be read: {e}") from e
+            if isinstance(part, str):
+                raise CheckpointError(
+                    f"{self.label} is opened in text mode; checkpoints are binary: open it with "
+                    "open(path, 'rb')."
+                )
+            if not part:
+                break
+            parts.append(part)
+            n -= len(part)
+        return b"".join(parts)
+
+    def _check_treemod(self, table: dict[str, Any], meta: dict[str, str], marked: list) -> None:
+        label = self.label
+        marker = meta.get("treemod.format")
+        if marker != FORMAT:
             raise CheckpointError(
-                f"{label} is corrupted: its tensors take {end} bytes but the file holds "
-                f"{self.data_size} bytes of data (bytes were appended to the file)."
+                f"{label} is a damaged treemod checkpoint: its metadata has treemod entries "
+                f"({', '.join(marked[:4])}{', ...' if len(marked) > 4 else ''}) but its format "
+                f"marker 'treemod.format' is {'missing' if marker is None else repr(marker)}. "
+                "It cannot be trusted; load an earlier copy."
+            )
+        version = meta.get("treemod.version", "")
+        if not (version.isascii() and version.isdigit() and len(version) < 10):
+            raise CheckpointError(
+                f"{label} is corrupted: its format version {version!r} is not a number."
+            )
+        if int(version) > VERSION:
+            raise CheckpointError(
+                f"{label} has checkpoint format version {version}, newer than this "
+                f"treemod reads (version {VERSION}). Upgrade treemod to load it."
+            )
+        if meta.get("treemod.header_sha256") != header_digest(table, meta):
+            raise CheckpointError(
+                f"{label} is corrupted: the header checksum does not match (tensor names, "
+                "shapes, offsets or saved values were altered)."
             )
 
     def json_metadata(self, key: str, default: Any) -> Any:
-        """A JSON-encoded `__metadata__` entry, checked to be an object of strings."""
+        """A JSON-encoded `__metadata__` entry, checked to be an object."""
         if key not in self.metadata:
             if self.foreign:
                 return default
             raise CheckpointError(f"{self.label} is corrupted: its metadata lacks {key!r}.")
         try:
             value = json.loads(self.metadata[key])
-        except (json.JSONDecodeError, RecursionError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
             raise CheckpointError(
                 f"{self.label} is corrupted: metadata {key!r} is not valid JSON ({e})."
             ) from None
@@ -153,37 +225,18 @@ class Reader:
             raise CheckpointError(f"{self.label} is corrupted: metadata {key!r} is not an object.")
         return value
 
-    def _parse(self, name: str, entry: Any, dtypes: dict[str, Any]) -> TensorInfo:
+    def _info(self, name: str, entry: Any, dtypes: dict[str, Any]) -> TensorInfo:
         bad = f"{self.label} is corrupted: the header entry of tensor {name!r}"
-        if not isinstance(entry, dict):
-            raise CheckpointError(f"{bad} is not an object.")
-        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        code, shape = entry.code, list(entry.shape)
         if code not in CODE_TO_NAME:
-            raise CheckpointError(f"{bad} has an unknown dtype {code!r}.")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise CheckpointError(f"{bad} has an invalid shape {shape!r}.")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise CheckpointError(f"{bad} has invalid data_offsets {offsets!r}.")
-        stored = np.dtype(DTYPES[CODE_TO_NAME[code]])
-        if offsets[1] - offsets[0] != math.prod(shape) * stored.itemsize:
             raise CheckpointError(
-                f"{bad} says data_offsets {offsets} ({offsets[1] - offsets[0]} bytes), but "
-                f"{code}{shape} takes {math.prod(shape) * stored.itemsize} bytes."
-            )
-        if offsets[1] > self.data_size:
-            raise CheckpointError(
-                f"{self.label} is truncated: tensor {name!r} ends at byte {offsets[1]} of the "
-                f"data, but the file holds only {self.data_size} bytes of data."
+                f"{self.label}: tensor {name!r} has dtype {code}, a safetensors dtype that "
+                "treemod does not read (convert it to another dtype with the tool that wrote it)."
             )
         real = dtypes.get(name, CODE_TO_NAME[code])
-        if real not in DTYPES:
+        if not isinstance(real, str) or real not in DTYPES:
             raise CheckpointError(f"{bad} names an unknown dtype {real!r}.")
-        real_shape = tuple(shape)
+        real_shape = entry.shape
         if real != CODE_TO_NAME[code]:
             candidates = (tuple(shape), tuple(shape[:-1]))
             fits = [c for c in candidates if storage(real, c) == (code, shape)]
@@ -192,13 +245,18 @@ class Reader:
             real_shape = fits[0]
         if not self.foreign and not isinstance(self.digests.get(name), str):
             raise CheckpointError(f"{self.label} is corrupted: tensor {name!r} has no checksum.")
-        return TensorInfo(name, DTYPES[real], real_shape, offsets[0], offsets[1])
+        return TensorInfo(name, DTYPES[real], real_shape, entry.begin, entry.end)
 
     def read_bytes(self, info: TensorInfo) -> np.ndarray:
         """Read one tensor's bytes into a new host buffer (not yet checked: see `check`)."""
         buf = np.empty(info.end - info.begin, np.uint8)
-        self.f.seek(self.data_start + info.begin)
-        got = self.f.readinto(buf.data)  # type: ignore[attr-defined]
+        try:
+            self.f.seek(self.data_start + info.begin)
+            got = self.f.readinto(buf.data)  # type: ignore[attr-defined]
+        except OSError as e:
+            raise CheckpointError(
+                f"{self.label} could not be read (tensor {info.name!r}): {e}"
+            ) from e
         if got != buf.size:
             raise CheckpointError(
                 f"{self.label} is truncated: tensor {info.name!r} is cut short while reading."
@@ -230,17 +288,29 @@ def open_checkpoint(source: str | os.PathLike | IO[bytes], allow_foreign: bool) 
         try:
             f: IO[bytes] = open(source, "rb")
         except FileNotFoundError:
-            raise FileNotFoundError(f"load: there is no checkpoint file {label}.") from None
+            raise CheckpointNotFoundError(f"load: there is no checkpoint file {label}.") from None
+        except IsADirectoryError:
+            raise CheckpointError(
+                f"load: {label} is a directory, not a checkpoint file (a treemod checkpoint is "
+                "one file; an Orbax checkpoint is a directory, for Orbax to read)."
+            ) from None
+        except OSError as e:
+            raise CheckpointError(f"load: cannot open {label}: {e.strerror or e}.") from e
         with f:
             yield Reader(f, label, whole_file=True, allow_foreign=allow_foreign)
     else:
-        if not (hasattr(source, "read") and hasattr(source, "seek")):
+        if isinstance(source, io.TextIOBase):
+            raise CheckpointError(
+                f"load: {label} is opened in text mode; checkpoints are binary: open it with "
+                "open(path, 'rb')."
+            )
+        if not hasattr(source, "read"):
             raise TypeError(
                 f"load: expected a path or a binary file opened for reading, got "
                 f"{type(source).__name__}."
             )
         reader = Reader(source, label, whole_file=False, allow_foreign=allow_foreign)
         yield reader
-        # Leave the file just after the checkpoint, so that several can be read in turn.
-        end = max((t.end for t in reader.tensors.values()), default=0)
-        source.seek(reader.data_start + end)
+        if reader.f is source:
+            # Leave the file just after the checkpoint, so that several can be read in turn.
+            source.seek(reader.data_start + reader.end)

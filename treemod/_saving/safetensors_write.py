@@ -29,7 +29,6 @@ import hashlib
 import json
 import math
 import os
-import secrets
 import struct
 import sys
 from collections.abc import Sequence
@@ -38,6 +37,9 @@ from typing import IO, Any
 
 import ml_dtypes
 import numpy as np
+
+from treemod._saving.atomic_file import replace_atomically
+from treemod._saving.safetensors_header import MAX_HEADER_BYTES, MAX_TENSORS
 
 __all__ = ["DTYPES", "TensorInfo", "write_checkpoint"]
 
@@ -152,6 +154,11 @@ def _sha256(data: memoryview) -> str:
 
 def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str, str]) -> None:
     """Write a checkpoint to the seekable binary file `f`, streaming one tensor at a time."""
+    if len(tensors) > MAX_TENSORS:
+        raise ValueError(
+            f"save: the tree has {len(tensors):,} arrays, more than the {MAX_TENSORS:,} a "
+            "checkpoint may hold. Stack many small arrays into fewer large ones."
+        )
     entries = []
     for name, array in tensors:
         dname = dtype_name(array.dtype)
@@ -172,6 +179,12 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     digests = {name: "0" * 64 for name in table}
     meta["treemod.sha256"] = canonical(digests)
     header = _encode_header(table, meta)
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"save: the checkpoint's header would be {len(header):,} bytes, more than the "
+            f"{MAX_HEADER_BYTES:,} bytes safetensors readers accept (very long str leaves or key "
+            "paths?). Store large data as arrays."
+        )
 
     start = f.tell()
     f.write(struct.pack("<Q", len(header)))
@@ -203,19 +216,6 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     f.seek(end)
 
 
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows, where directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint(
     target: str | os.PathLike | IO[bytes],
     tensors: Sequence[tuple[str, Any]],
@@ -235,33 +235,4 @@ def write_checkpoint(
             )
         _write(target, tensors, metadata)
         return
-    path = os.fspath(target)
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(
-            f"save: cannot write '{path}': the directory '{directory}' does not exist. Create it "
-            "first (os.makedirs(directory, exist_ok=True))."
-        )
-    while True:
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            # Mode 0o666 lets the umask decide, so the checkpoint gets normal permissions.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write(f, tensors, metadata)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_directory(directory)
+    replace_atomically(os.fspath(target), lambda f: _write(f, tensors, metadata))

@@ -1,0 +1,281 @@
+"""Hostile and damaged checkpoint files, and leaves that checkpoints cannot hold as they are.
+
+Every failure to read a file is a `CheckpointError` that names the file and what is wrong; a
+file with any treemod metadata is a damaged treemod checkpoint (its checksums stay verified,
+even with allow_foreign=True); simple-value subclasses (IntEnum, ...) round-trip or are refused
+by key path, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import os
+import pathlib
+import struct
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import treemod as tm
+from treemod._saving import safetensors_header
+
+TREE = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(2, jnp.int32), "step": 3}
+LIKE = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(2, jnp.int32), "step": 0}
+
+
+def _raw(tree=TREE) -> bytes:
+    buf = io.BytesIO()
+    tm.save(buf, tree)
+    return buf.getvalue()
+
+
+def _split(raw: bytes) -> tuple[dict, bytes]:
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def _with_header(text: bytes, data: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def _error(tmp_path: pathlib.Path, raw: bytes, like=LIKE, **kwargs) -> str:
+    path = tmp_path / "hostile.safetensors"
+    path.write_bytes(raw)
+    with pytest.raises(tm.CheckpointError) as e:
+        tm.load(path, like, **kwargs)
+    assert "hostile.safetensors" in str(e.value)  # every error names the file
+    return str(e.value)
+
+
+def test_header_dtype_that_is_a_list(tmp_path: pathlib.Path) -> None:
+    header, data = _split(_raw())
+    header["['w']"]["dtype"] = ["F32"]
+    msg = _error(tmp_path, _with_header(json.dumps(header).encode(), data))
+    assert "tensor \"['w']\" has an unknown dtype ['F32']" in msg
+
+
+def test_header_with_a_5000_digit_integer(tmp_path: pathlib.Path) -> None:
+    header, data = _split(_raw())
+    text = (
+        json.dumps(header)
+        .encode()
+        .replace(b'"shape": [2, 3]', b'"shape": [2, ' + b"9" * 5000 + b"]")
+    )
+    msg = _error(tmp_path, _with_header(text, data))
+    assert "out of the float64 range" in msg
+    text = (
+        json.dumps(header)
+        .encode()
+        .replace(b'"shape": [2, 3]', b'"shape": [2, ' + b"9" * 300 + b"]")
+    )
+    assert "tensor \"['w']\" has an invalid shape" in _error(tmp_path, _with_header(text, data))
+
+
+def test_text_mode_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "text.safetensors"
+    tm.save(path, TREE)
+    with open(path, encoding="latin-1") as f, pytest.raises(tm.CheckpointError) as e:
+        tm.load(f, LIKE)
+    assert "text.safetensors" in str(e.value) and "text mode" in str(e.value)
+    assert "'rb'" in str(e.value)
+
+
+def test_directory(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(tm.CheckpointError, match="'.*ckpt' is a directory, not a checkpoint file"):
+        tm.load(tmp_path / "ckpt", LIKE)
+
+
+def test_missing_file_is_both_errors(tmp_path: pathlib.Path) -> None:
+    for kind in (tm.CheckpointError, FileNotFoundError):
+        with pytest.raises(kind, match="no checkpoint file '.*nope.safetensors'"):
+            tm.load(tmp_path / "nope.safetensors", LIKE)
+
+
+@pytest.mark.skipif(not hasattr(os, "pipe"), reason="no pipes on this platform")
+def test_pipes_are_read_front_to_back() -> None:
+    raw = _raw() + _raw({"w": jnp.ones((2, 3)), "b": jnp.zeros(2, jnp.int32), "step": 7})
+    r, w = os.pipe()
+
+    def feed() -> None:
+        with os.fdopen(w, "wb") as f:
+            for i in range(0, len(raw), 100):  # in pieces, as a pipe delivers them
+                f.write(raw[i : i + 100])
+                f.flush()
+
+    thread = threading.Thread(target=feed)
+    thread.start()
+    with os.fdopen(r, "rb") as f:
+        first = tm.load(f, LIKE)
+        second = tm.load(f, LIKE)
+    thread.join()
+    np.testing.assert_array_equal(np.asarray(first["w"]), np.arange(6.0).reshape(2, 3))
+    assert first["step"] == 3 and second["step"] == 7
+    np.testing.assert_array_equal(np.asarray(second["w"]), np.ones((2, 3)))
+
+
+@pytest.mark.skipif(not hasattr(os, "pipe"), reason="no pipes on this platform")
+def test_truncated_pipe() -> None:
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as f:
+        f.write(_raw()[:-5])
+    with os.fdopen(r, "rb") as f, pytest.raises(tm.CheckpointError, match="truncated: its tensors"):
+        tm.load(f, LIKE)
+
+
+def test_every_truncation_is_a_checkpoint_error(tmp_path: pathlib.Path) -> None:
+    raw = _raw()
+    for keep in range(len(raw)):
+        msg = _error(tmp_path, raw[:keep])
+        assert any(w in msg for w in ("truncated", "too short", "not a treemod checkpoint")), msg
+
+
+def test_header_too_large_for_safetensors(tmp_path: pathlib.Path) -> None:
+    raw = struct.pack("<Q", 100_000_001) + b"{" + b" " * 100
+    msg = _error(tmp_path, raw)
+    assert "header is 100000001 bytes long" in msg
+    stream = io.BytesIO(raw)
+    stream.seekable = lambda: False  # type: ignore[method-assign]
+    with pytest.raises(tm.CheckpointError, match="more than the 100,000,000 bytes safetensors"):
+        tm.load(stream, LIKE)
+
+
+def test_too_many_entries_are_refused_while_parsing(tmp_path: pathlib.Path) -> None:
+    n = safetensors_header.MAX_TENSORS + 1
+    entries = ",".join(
+        f'"t{i}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i in range(n)
+    )
+    raw = _with_header(("{" + entries + "}").encode(), b"\0" * n)
+    msg = _error(tmp_path, raw, allow_foreign=True)
+    assert "more than 100,000 entries" in msg and "fewer large ones" in msg
+
+
+def test_saving_too_many_arrays_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from treemod._saving import safetensors_write
+
+    monkeypatch.setattr(safetensors_write, "MAX_TENSORS", 3)
+    with pytest.raises(ValueError, match="the tree has 4 arrays, more than the 3"):
+        tm.save(io.BytesIO(), [jnp.zeros(1)] * 4)
+
+
+def test_a_flipped_format_marker_is_damage_not_a_foreign_file(tmp_path: pathlib.Path) -> None:
+    raw = _raw()
+    at = raw.index(b'"treemod.format"') + 10
+    damaged = raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1 :]
+    for allow_foreign in (False, True):
+        msg = _error(tmp_path, damaged, allow_foreign=allow_foreign)
+        assert "damaged treemod checkpoint" in msg and "allow_foreign" not in msg
+    at = raw.index(b'"treemod"', raw.index(b'"treemod.format"') + 16) + 3
+    damaged = raw[:at] + bytes([raw[at] ^ 4]) + raw[at + 1 :]
+    assert "format marker 'treemod.format' is 'traemod'" in _error(
+        tmp_path, damaged, allow_foreign=True
+    )
+
+
+def test_every_bit_flip_in_the_header_is_caught_even_with_allow_foreign(
+    tmp_path: pathlib.Path,
+) -> None:
+    raw = _raw({"w": jnp.arange(3.0), "n": 1})
+    like = {"w": jnp.zeros(3), "n": 0}
+    (n,) = struct.unpack("<Q", raw[:8])
+    for at in range(8 + n):
+        for bit in range(8):
+            flipped = bytearray(raw)
+            flipped[at] ^= 1 << bit
+            try:
+                out = tm.load(io.BytesIO(bytes(flipped)), like, allow_foreign=True)
+            except tm.CheckpointError:
+                continue
+            # A flip that still loads must give back exactly what was saved.
+            assert out["n"] == 1, (at, bit)
+            np.testing.assert_array_equal(np.asarray(out["w"]), np.arange(3.0))
+
+
+def test_a_foreign_file_is_still_told_to_use_allow_foreign(tmp_path: pathlib.Path) -> None:
+    buf = safetensors.numpy.save({"['w']": np.ones(2, np.float32)}, metadata={"format": "np"})
+    msg = _error(tmp_path, buf, like={"w": jnp.zeros(2)})
+    assert "not a treemod checkpoint" in msg and "allow_foreign=True" in msg
+
+
+def test_safetensors_dtypes_treemod_does_not_read(tmp_path: pathlib.Path) -> None:
+    text = b'{"x": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}'
+    msg = _error(tmp_path, _with_header(text, b"\0"), like={"x": jnp.zeros(2)}, allow_foreign=True)
+    assert "tensor 'x' has dtype F4" in msg and "does not read" in msg
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+    GREEN = 2
+
+
+class Mode(enum.StrEnum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+class Metres(float):
+    pass
+
+
+class Flag(enum.IntFlag):
+    A = 1
+    B = 2
+
+
+def test_subclasses_of_simple_values_round_trip() -> None:
+    tree = {"c": Colour.GREEN, "m": Mode.EVAL, "d": Metres(2.5), "f": Flag.A | Flag.B, "i": 4}
+    like = {"c": Colour.RED, "m": Mode.TRAIN, "d": Metres(0.0), "f": Flag.A, "i": 0}
+    buf = io.BytesIO()
+    tm.save(buf, tree)
+    buf.seek(0)
+    out = tm.load(buf, like)
+    assert out == tree and all(type(out[k]) is type(tree[k]) for k in tree)
+    # The file holds plain values: a plain `like` (or another reader) gets plain values.
+    buf.seek(0)
+    plain = tm.load(buf, {"c": 0, "m": "", "d": 0.0, "f": 0, "i": 0})
+    assert plain == {"c": 2, "m": "eval", "d": 2.5, "f": 3, "i": 4}
+    assert [type(plain[k]) for k in "cmdfi"] == [int, str, float, int, int]
+    # ... and a plain saved value loads into an enum field.
+    buf = io.BytesIO()
+    tm.save(buf, {"c": 1})
+    buf.seek(0)
+    assert tm.load(buf, {"c": Colour.GREEN})["c"] is Colour.RED
+
+
+def test_a_value_that_is_not_a_member_is_refused_by_key_path(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "enum.safetensors"
+    tm.save(path, {"c": 7})
+    with pytest.raises(
+        tm.CheckpointError,
+        match=r"enum.safetensors.*the value 7 at \['c'\] cannot be made a Colour",
+    ):
+        tm.load(path, {"c": Colour.RED})
+    with pytest.raises(
+        tm.CheckpointError,
+        match=r"wrong type: \['c'\] is an int value in the file but a Mode value",
+    ):
+        tm.load(path, {"c": Mode.TRAIN})
+
+
+def test_lone_surrogates_and_huge_ints_are_refused_by_key_path() -> None:
+    with pytest.raises(
+        ValueError, match=r"the str value at \"\['s'\]\" holds a lone surrogate \('\\ud800'\)"
+    ):
+        tm.save(io.BytesIO(), {"s": "ab\ud800"})
+    with pytest.raises(ValueError, match=r"the int at \['n'\] has about 5000 digits"):
+        tm.save(io.BytesIO(), {"n": 10**5000})
+    big = 10**4000  # below Python's limit: saved faithfully
+    buf = io.BytesIO()
+    tm.save(buf, {"n": big, "s": "é\U0001f600"})
+    buf.seek(0)
+    assert tm.load(buf, {"n": 0, "s": ""}) == {"n": big, "s": "é\U0001f600"}
+
+
+def test_header_too_large_to_save_is_refused() -> None:
+    with pytest.raises(ValueError, match="header would be .* bytes, more than the 100,000,000"):
+        tm.save(io.BytesIO(), {"s": "x" * 100_000_001})

@@ -1,0 +1,131 @@
+"""Replacing a file atomically: a temporary beside it, fsynced, then renamed over it.
+
+The temporary is named `.<name>.tmp-<pid>-<host>-<random>` (`<host>`: 8 hex digits of a hash of
+the machine's name), in the directory of the file, so that a later save can recognise the
+temporaries that earlier saves to the same path left when they were killed, and remove them:
+those of a process of this machine that no longer runs, and any untouched for a day (a process
+on another machine sharing the directory). Nothing else is ever removed.
+
+Saving to a symbolic link writes the file it points to (the link stays), and re-saving over an
+existing file keeps its permission bits (a private 0600 checkpoint stays private; a new file
+gets the umask's). The temporary is created private (0600) when the file exists, so the data is
+never readable by more users than the file it replaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Callable
+from typing import IO
+
+__all__ = ["STALE_AFTER_S", "replace_atomically", "temporary_name"]
+
+STALE_AFTER_S = 24 * 3600  # a temporary untouched this long is stale whatever wrote it
+_HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def temporary_name(base: str) -> str:
+    """A fresh temporary's name for the file `base` (its basename)."""
+    return f".{base}.tmp-{os.getpid()}-{_HOST}-{secrets.token_hex(6)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # it exists (another user's), or cannot be told: keep its file
+    return True
+
+
+def _remove_stale(directory: str, base: str) -> None:
+    """Remove the temporaries that killed saves to `base` left (see the module docstring)."""
+    pattern = re.compile(rf"\.{re.escape(base)}\.tmp-(\d{{1,10}})-([0-9a-f]{{8}})-[0-9a-f]{{12}}")
+    prefix = f".{base}.tmp-"
+    now = time.time()
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for e in entries if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None:
+            continue
+        pid, host = int(match.group(1)), match.group(2)
+        full = os.path.join(directory, name)
+        try:
+            info = os.lstat(full)
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            dead = host == _HOST and pid != os.getpid() and not _alive(pid)
+            if dead or now - info.st_mtime > STALE_AFTER_S:
+                os.unlink(full)
+        except OSError:
+            continue  # removed meanwhile, or not ours to remove
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows, where directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
+    """Write a file with `write(f)` and put it at `path` in one rename.
+
+    Arguments:
+        path: where the file goes; a symbolic link is followed to the file it names.
+        write: writes the contents to a binary file (seekable).
+    """
+    target = os.path.realpath(path)  # write through symbolic links
+    directory, base = os.path.split(target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"save: cannot write '{path}': the directory '{directory}' does not exist. Create it "
+            "first (os.makedirs(directory, exist_ok=True))."
+        )
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"save: cannot write '{path}': it is a directory.")
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        mode = None  # a new file: the umask decides (open with 0o666)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = os.path.join(directory, temporary_name(base))
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None and hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), mode)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+    _remove_stale(directory, base)
