@@ -164,17 +164,30 @@ def generate(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model for a few steps")
-    parser.add_argument("--bytes", type=int, default=400_000, help="how much source to read")
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--width", type=int, default=96)
-    parser.add_argument("--depth", type=int, default=3)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny model for 6 steps on 20 KB, to test the pipeline (overrides the sizes)",
+    )
+    parser.add_argument(
+        "--bytes", type=int, default=400_000, help="bytes of standard-library source to read"
+    )
+    parser.add_argument("--steps", type=int, default=1000, help="number of training steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="windows per training step")
+    parser.add_argument(
+        "--context", type=int, default=64, help="bytes of context the model sees (sequence length)"
+    )
+    parser.add_argument("--width", type=int, default=96, help="embedding width of the model")
+    parser.add_argument("--depth", type=int, default=3, help="number of Transformer blocks")
+    parser.add_argument(
+        "--heads", type=int, default=4, help="attention heads per block (must divide --width)"
+    )
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="model, data and sampling seed")
     args = parser.parse_args(argv)
     if args.quick:
         args.bytes, args.steps, args.context, args.width, args.depth = 20_000, 6, 16, 32, 2

