@@ -65,8 +65,8 @@ def _sniff(first: bytes) -> str:
         )
     if first[:6] == b"\x93NUMPY":
         return (
-            " It is NumPy .npy data (Equinox's tree_serialise_leaves writes this); load it with "
-            "Equinox and save it again with treemod.save."
+            " It is in Equinox's format (NumPy .npy records, as tree_serialise_leaves writes): "
+            "read it with treemod.tree_deserialise_leaves(path, like)."
         )
     return ""
 
@@ -146,6 +146,7 @@ class Reader:
                 f"{self.data_size} bytes of data (bytes were appended to the file)."
             )
         self.end = end
+        self.entries = entries
         self.metadata: dict[str, str] = meta
         marked = sorted(k for k in meta if k.startswith("treemod."))
         self.foreign = not marked
