@@ -10,21 +10,29 @@ after the call; nothing blocks.
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Callable
 from itertools import compress
-from typing import Any, Literal
+from typing import Any, Generic, Literal, overload
 
 import jax
 import jax.tree_util as jtu
 
 from treemod._format.paths import function_name
-from treemod._format.retrace import aval_of, explain, logger
+from treemod._format.retrace import aval_of
+from treemod._transforms.jit_cache import (
+    FLOAT_POSITIONS,
+    _Traces,
+    closure_of,
+    shareable,
+    static_key,
+    traces_for,
+)
+from treemod._transforms.jit_cache import _TraceCount as _TraceCount
 from treemod._transforms.leaves import KINDS, merge_leaves, pack_output, unpack_output
 from treemod._transforms.unhashable import unhashable_error
-from treemod._transforms.wrapper import TransformedFunction, split_fn
+from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
 __all__ = ["filter_jit"]
 
@@ -34,110 +42,70 @@ _UNUSED_DONATION = "Some donated buffers were not usable"
 _flatten = jtu.tree_flatten
 
 
-def _env_explain() -> bool:
-    return os.environ.get("TREEMOD_EXPLAIN_RETRACES", "").lower() in ("1", "true", "yes", "on")
+def signature_key(
+    leaves: list[Any], treedef: Any
+) -> tuple[tuple[Any, ...], tuple[bool, ...], tuple[Any, ...]]:
+    """The cache key of flattened arguments, their array mask and their static leaves."""
+    sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
+    static = tuple(compress(leaves, neg))
+    floats = FLOAT_POSITIONS[sig_id]
+    return (treedef, sig_id, static_key(static, floats) if floats else static), mask, static
 
 
-class _TraceCount:
-    """How often a function was traced, its limit, and the retrace explainer's memory.
-
-    The traced function refers to this object only, never to the wrapper or its cache, so a
-    wrapper that goes out of scope is freed at once, with its compiled executables.
-    """
-
-    __slots__ = ("num_traces", "max_traces", "last_signature", "log")
-
-    def __init__(self, max_traces: int | None = None) -> None:
-        self.num_traces = 0
-        self.max_traces = max_traces
-        self.last_signature: tuple | None = None
-        self.log: list[str] = []
-
-    def record(self, name: str, explain_flag: bool | None, signature: Callable[[], tuple]) -> None:
-        """Count one trace of `name`; raise past `max_traces`; log what changed if explaining."""
-        self.num_traces += 1
-        if self.max_traces is not None and self.num_traces > self.max_traces:
-            raise RuntimeError(
-                f"{name} can only be traced {self.max_traces} times, but it has now been "
-                f"traced {self.num_traces} times. Set TREEMOD_EXPLAIN_RETRACES=1 (or "
-                "filter_jit(..., explain_retraces=True)) to log which argument changed."
-            )
-        explaining = explain_flag if explain_flag is not None else _env_explain()
-        if not explaining:
-            return
-        new = signature()
-        if self.last_signature is not None:
-            for line in explain(self.last_signature, new):
-                message = f"retrace of {name}: {line}"
-                self.log.append(message)
-                logger.warning(message)
-        self.last_signature = new
+def _reference(code: Any, weak: bool) -> Callable[[], Any]:
+    """A getter of `code`: weak for a shared function, whose versions live in a cache keyed
+    weakly on it (a strong reference from the traced function would keep both alive)."""
+    if weak and code is not None:
+        return weakref.ref(code)
+    return lambda: code
 
 
-class _Traces:
-    """Compiled versions and trace bookkeeping, shared by wrappers of the same method."""
-
-    __slots__ = ("cache", "lowerable", "count")
-
-    def __init__(self, max_traces: int | None = None) -> None:
-        self.cache: dict[tuple, Callable[[list], Any]] = {}
-        self.lowerable: dict[tuple, tuple[Any, int | None]] = {}
-        self.count = _TraceCount(max_traces)
-
-
-# Module methods share their compiled versions across wrappers, so `filter_jit(model.step)`
-# written inside a loop does not recompile for every new model.
-_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple, _Traces]] = weakref.WeakKeyDictionary()
-
-
-def _traces_for(target: Any, donate: str, explain_retraces: bool | None) -> _Traces:
-    if target is None:
-        return _Traces()
-    try:
-        per_target = _SHARED.setdefault(target, {})
-    except TypeError:
-        return _Traces()
-    return per_target.setdefault((donate, explain_retraces), _Traces())
-
-
-def _named(fn: Callable, name: str) -> Callable:
+def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """`fn`, renamed: JAX names the program (and nested calls in it) after the function."""
     fn.__name__ = fn.__qualname__ = name
     return fn
 
 
-class _JitWrapper(TransformedFunction):
-    """The callable returned by `filter_jit`."""
+class _JitWrapper(TransformedFunction[P, R]):
+    """The callable returned by `filter_jit`: typed as the function it wraps (`Callable[P, R]`)."""
 
-    def __init__(self, fn: Any, donate: str, explain_retraces: bool | None) -> None:
-        self._fn = fn
+    def __init__(self, fn: Callable[P, R], donate: str, explain_retraces: bool | None) -> None:
+        self._fn: Any = fn
         self._fn_tree, self._call_fn = split_fn(fn)
         self._donate = donate
         self._explain_flag = explain_retraces
         self._name = function_name(fn)
+        closure: tuple[Any, ...] = ()
         if self._call_fn is not None:
             target: Any = self._call_fn
         elif self._fn_tree is not None:
             target = type(self._fn_tree)
+        elif shareable(fn):
+            target, closure = fn, closure_of(fn)
         else:
             target = None
-        self._traces = _traces_for(target, donate, explain_retraces)
+        # The traced function holds the shared function weakly (the shared cache is keyed
+        # weakly on it): a strong reference would keep it, and its versions, alive forever.
+        self._weak = target is not None and not isinstance(target, type)
+        self._traces = traces_for(target, donate, explain_retraces, closure)
         self._cache = self._traces.cache
         self._wraps(fn)
 
     # The hot path: keep it short.
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         leaves, treedef = _flatten((self._fn_tree, args, kwargs))
         sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
         static = tuple(compress(leaves, neg))
+        floats = FLOAT_POSITIONS[sig_id]
+        key = (treedef, sig_id, static_key(static, floats) if floats else static)
         try:
-            entry = self._cache[(treedef, sig_id, static)]
+            entry = self._cache[key]
         except KeyError:
-            entry = self._new_entry(treedef, sig_id, mask, static)
+            return self._miss(key, mask, static, list(compress(leaves, mask)))
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
-        return unpack_output(entry(list(compress(leaves, mask))))
+        return unpack_output(entry(list(compress(leaves, mask))))  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"
@@ -152,14 +120,14 @@ class _JitWrapper(TransformedFunction):
         """The lines the retrace explainer has logged so far."""
         return self._traces.count.log
 
-    def with_max_traces(self, max_traces: int | None) -> _JitWrapper:
+    def with_max_traces(self, max_traces: int | None) -> _JitWrapper[P, R]:
         """A copy with its own compiled versions and trace count, failing past `max_traces`."""
-        new = _JitWrapper(self._fn, self._donate, self._explain_flag)
+        new: _JitWrapper[P, R] = _JitWrapper(self._fn, self._donate, self._explain_flag)
         new._traces = _Traces(max_traces)
         new._cache = new._traces.cache
         return new
 
-    def _raise_unhashable(self, args: tuple, kwargs: dict) -> None:
+    def _raise_unhashable(self, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> None:
         error = unhashable_error("filter_jit", self._fn, (self._fn_tree, args, kwargs))
         if error is not None:
             raise error from None
@@ -174,58 +142,78 @@ class _JitWrapper(TransformedFunction):
             n += args_def.children()[0].num_leaves
         return sum(mask[:n])
 
+    def _miss(
+        self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...], dynamic: list
+    ) -> Any:
+        """Trace, compile and run a new version; publish it once it has run (thread-safe)."""
+        traces = self._traces
+        with traces.lock:
+            entry = traces.cache.get(key)
+            if entry is None:
+                entry = self._new_entry(key, mask, static)
+                out = entry(dynamic)
+                traces.publish(key, entry, self._name)
+                return unpack_output(out)
+        return unpack_output(entry(dynamic))
+
     def _new_entry(
-        self, treedef: Any, sig_id: int, mask: tuple[bool, ...], static: tuple
-    ) -> Callable[[list], Any]:
+        self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...]
+    ) -> Callable[[list[Any]], Any]:
+        treedef = key[0]
         inner = self._make_inner(treedef, mask, static)
         if self._donate == "none":
             jitted = jax.jit(inner)
-            entry: Callable[[list], Any] = jitted
-            self._traces.lowerable[(treedef, sig_id, static)] = (jitted, None)
+            entry: Callable[[list[Any]], Any] = jitted
+            self._traces.lowerable[key] = (jitted, None)
         else:
             k = self._n_kept(treedef, mask)
 
-            def donating(keep: list, donated: list) -> Any:
+            def donating(keep: list[Any], donated: list[Any]) -> Any:
                 return inner(keep + donated)
 
             jitted = jax.jit(_named(donating, self._name), donate_argnums=1)
             if self._donate in ("all", "all-except-first"):
 
-                def entry(dynamic: list) -> Any:
+                def entry(dynamic: list[Any]) -> Any:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
                         return jitted(dynamic[:k], dynamic[k:])
             else:
 
-                def entry(dynamic: list) -> Any:
+                def entry(dynamic: list[Any]) -> Any:
                     return jitted(dynamic[:k], dynamic[k:])
 
-            self._traces.lowerable[(treedef, sig_id, static)] = (jitted, k)
-        self._cache[(treedef, sig_id, static)] = entry
+            self._traces.lowerable[key] = (jitted, k)
         return entry
 
-    def _make_inner(self, treedef: Any, mask: tuple[bool, ...], static: tuple) -> Callable:
+    def _make_inner(
+        self, treedef: Any, mask: tuple[bool, ...], static: tuple[Any, ...]
+    ) -> Callable[..., Any]:
         # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
         # would keep the wrapper, or the module's arrays, alive as long as the cache.
         call, count, name, flag = self._call_fn, self._traces.count, self._name, self._explain_flag
         plain_fn = self._fn if call is None and self._fn_tree is None else None
+        code = call if call is not None else plain_fn
+        get_code = _reference(code, self._weak)
+        calls_tree, calls_method = call is None and plain_fn is None, call is not None
+        del call, plain_fn, code  # `inner` must not hold them (see `_reference`)
 
-        def inner(dynamic: list) -> Any:
+        def inner(dynamic: list[Any]) -> Any:
             count.record(
                 name, flag, lambda: (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
             )
             fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
-            if call is not None:
-                out = call(fn_tree, *args, **kwargs)
-            elif plain_fn is None:
+            if calls_tree:
                 out = fn_tree(*args, **kwargs)
+            elif calls_method:
+                out = get_code()(fn_tree, *args, **kwargs)
             else:
-                out = plain_fn(*args, **kwargs)
+                out = get_code()(*args, **kwargs)
             return pack_output(out, held=True)
 
         return _named(inner, name)
 
-    def lower(self, /, *args: Any, **kwargs: Any) -> Lowered:
+    def lower(self, /, *args: P.args, **kwargs: P.kwargs) -> Lowered[P, R]:
         """Trace and lower for these arguments, for ahead-of-time compilation.
 
         Returns:
@@ -233,58 +221,68 @@ class _JitWrapper(TransformedFunction):
             structure, array shapes and static values.
         """
         leaves, treedef = _flatten((self._fn_tree, args, kwargs))
-        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
-        static = tuple(compress(leaves, neg))
-        key = (treedef, sig_id, static)
+        key, mask, static = signature_key(leaves, treedef)
         try:
-            found = key in self._cache
+            found = key in self._traces.lowerable
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
         if not found:
-            self._new_entry(treedef, sig_id, mask, static)
+            with self._traces.lock:
+                if key not in self._traces.lowerable:
+                    self._traces.publish(key, self._new_entry(key, mask, static), self._name)
         jitted, k = self._traces.lowerable[key]
         dynamic = list(compress(leaves, mask))
         parts = (dynamic,) if k is None else (dynamic[:k], dynamic[k:])
-        return Lowered(jitted.lower(*parts), self, key, k)
+        lowered = Lowered(jitted.lower(*parts), self, key, k)
+        # What `save_compiled` records: the arguments as the trace saw them.
+        lowered._signature = (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
+        return lowered
 
 
-class Lowered:
+class Lowered(Generic[P, R]):
     """The result of `filter_jit(f).lower(*args)`: call `.compile()`; `.as_text()` shows it."""
 
-    def __init__(self, lowered: Any, wrapper: _JitWrapper, key: tuple, k: int | None) -> None:
+    def __init__(
+        self, lowered: Any, wrapper: _JitWrapper[P, R], key: tuple[Any, ...], k: int | None
+    ) -> None:
         self._lowered = lowered
         self._wrapper = wrapper
         self._key = key
         self._k = k
+        self._signature: tuple[Any, ...] = ()
 
     def as_text(self) -> str:
         """The lowered program (StableHLO) as text."""
         return str(self._lowered.as_text())
 
-    def compile(self) -> Compiled:
+    def compile(self) -> Compiled[P, R]:
         """Compile, returning a callable with the wrapped function's signature."""
-        return Compiled(self._lowered.compile(), self._wrapper, self._key, self._k)
+        compiled = Compiled(self._lowered.compile(), self._wrapper, self._key, self._k)
+        compiled._signature = self._signature
+        return compiled
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lowered, name)
 
 
-class Compiled:
+class Compiled(Generic[P, R]):
     """An ahead-of-time compiled `filter_jit` function, callable like the original."""
 
-    def __init__(self, compiled: Any, wrapper: _JitWrapper, key: tuple, k: int | None) -> None:
+    def __init__(
+        self, compiled: Any, wrapper: _JitWrapper[P, R], key: tuple[Any, ...], k: int | None
+    ) -> None:
         self._compiled = compiled
         self._wrapper = wrapper
         self._key = key
         self._k = k
+        self._signature: tuple[Any, ...] = ()
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         wrapper = self._wrapper
         leaves, treedef = _flatten((wrapper._fn_tree, args, kwargs))
-        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
-        static = tuple(compress(leaves, neg))
-        if (treedef, sig_id, static) != self._key:
+        key, mask, _ = signature_key(leaves, treedef)
+        if key != self._key:
             raise TypeError(
                 f"This compiled version of {wrapper._name} was lowered for arguments with a "
                 "different tree structure or different static (non-array) values. Call "
@@ -294,21 +292,33 @@ class Compiled:
         dynamic = list(compress(leaves, mask))
         k = self._k
         if k is None:
-            return unpack_output(self._compiled(dynamic))
+            return unpack_output(self._compiled(dynamic))  # type: ignore[no-any-return]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
-            return unpack_output(self._compiled(dynamic[:k], dynamic[k:]))
+            return unpack_output(self._compiled(dynamic[:k], dynamic[k:]))  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._compiled, name)
 
 
+@overload
 def filter_jit(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[P, R], *, donate: Donate = "none", explain_retraces: bool | None = None
+) -> _JitWrapper[P, R]: ...
+
+
+@overload
+def filter_jit(
+    fun: None = None, *, donate: Donate = "none", explain_retraces: bool | None = None
+) -> Callable[[Callable[P, R]], _JitWrapper[P, R]]: ...
+
+
+def filter_jit(
+    fun: Callable[P, R] | None = None,
     *,
     donate: Donate = "none",
     explain_retraces: bool | None = None,
-) -> Any:
+) -> _JitWrapper[P, R] | Callable[[Callable[P, R]], _JitWrapper[P, R]]:
     """Compile a function with `jax.jit`, tracing its arrays and treating everything else as static.
 
     JAX and NumPy arrays anywhere in the arguments (positional or keyword, nested in modules,
@@ -331,8 +341,9 @@ def filter_jit(
             variable `TREEMOD_EXPLAIN_RETRACES` (`1` turns it on).
 
     Returns:
-        The compiled function. It has `.lower(*args, **kwargs)` for ahead-of-time compilation;
-        `treemod.debug.get_num_traces` counts its traces.
+        The compiled function, typed as `fun` (a type checker sees its parameters and result).
+        It has `.lower(*args, **kwargs)` for ahead-of-time compilation and
+        `.with_max_traces(n)`; `treemod.debug.get_num_traces` counts its traces.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm

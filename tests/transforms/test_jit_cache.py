@@ -1,0 +1,206 @@
+"""filter_jit's compiled versions: static keys, re-wrapping, closures, threads, the bound."""
+
+from __future__ import annotations
+
+import cmath
+import gc
+import math
+import threading
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treemod as tm
+from treemod._transforms import jit_cache
+
+
+def _traced(log: list[Any]) -> Any:
+    """A function that records each trace (a Python side effect, seen only while tracing)."""
+
+    def f(x: jax.Array, s: Any) -> jax.Array:
+        log.append(s)
+        return x * math.copysign(1.0, s.real if isinstance(s, complex) else s)
+
+    return f
+
+
+def test_minus_zero_and_zero_are_different_static_values() -> None:
+    log: list[Any] = []
+    f = tm.filter_jit(_traced(log))
+    x = jnp.ones(2)
+    np.testing.assert_array_equal(f(x, 0.0), np.ones(2))
+    np.testing.assert_array_equal(f(x, -0.0), -np.ones(2))  # math.copysign(1, -0.0) == -1
+    np.testing.assert_array_equal(f(x, 0.0), np.ones(2))
+    assert len(log) == 2
+
+
+def test_complex_signed_zeros_are_different_static_values() -> None:
+    log: list[Any] = []
+    f = tm.filter_jit(lambda x, s: (log.append(s), x * cmath.phase(s))[1])
+    x = jnp.ones(1)
+    assert float(f(x, complex(-1.0, 0.0))[0]) == pytest.approx(cmath.phase(complex(-1.0, 0.0)))
+    assert float(f(x, complex(-1.0, -0.0))[0]) == pytest.approx(cmath.phase(complex(-1.0, -0.0)))
+    assert len(log) == 2
+
+
+def test_nan_static_values_compile_once() -> None:
+    log: list[Any] = []
+    f = tm.filter_jit(lambda x, s: (log.append(s), x + s)[1])
+    x = jnp.zeros(2)
+    for _ in range(5):
+        out = f(x, float("nan"))  # a new NaN object each call
+        assert np.isnan(np.asarray(out)).all()
+    assert len(log) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(allow_nan=True), st.floats(allow_nan=True))
+def test_float_keys_follow_the_bits(a: float, b: float) -> None:
+    """Two static floats share a version exactly when their bits are equal."""
+    log: list[Any] = []
+    f = tm.filter_jit(lambda x, s: (log.append(s), x)[1])
+    f(jnp.zeros(()), a)
+    f(jnp.zeros(()), b)
+    same = np.float64(a).tobytes() == np.float64(b).tobytes()
+    assert len(log) == (1 if same else 2)
+
+
+def test_rewrapping_the_same_function_does_not_retrace() -> None:
+    log: list[Any] = []
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        log.append(1)
+        return jnp.sum(jnp.tanh(w @ x))
+
+    w, x = jnp.ones((3, 3)), jnp.arange(3.0)
+    expected = np.sum(np.tanh(np.ones((3, 3)) @ np.arange(3.0)))
+    for _ in range(4):
+        assert float(tm.filter_jit(loss)(w, x)) == pytest.approx(expected)
+    assert len(log) == 1
+    assert tm.debug.get_num_traces(tm.filter_jit(loss)) == 1
+
+
+def test_rewrapping_retraces_for_a_new_static_value_and_new_options() -> None:
+    log: list[Any] = []
+
+    def scaled(x: jax.Array, scale: int) -> jax.Array:
+        log.append(scale)
+        return x * scale
+
+    x = jnp.ones(2)
+    assert tm.filter_jit(scaled)(x, 2).tolist() == [2.0, 2.0]
+    assert tm.filter_jit(scaled)(x, 3).tolist() == [3.0, 3.0]
+    assert tm.filter_jit(scaled)(x, 2).tolist() == [2.0, 2.0]
+    assert log == [2, 3]
+    tm.filter_jit(scaled, donate="all")(jnp.ones(2), 2)  # other options: other versions
+    assert log == [2, 3, 2]
+
+
+def test_new_closures_retrace() -> None:
+    def make(scale: float) -> Any:
+        return lambda x: x * scale
+
+    x = jnp.ones(2)
+    for scale in (1.0, 2.0, 3.0):
+        assert tm.filter_jit(make(scale))(x).tolist() == [scale, scale]
+
+
+def test_changed_closure_cell_retraces_when_rewrapped() -> None:
+    scale = 2.0
+
+    def f(x: jax.Array) -> jax.Array:
+        return x * scale
+
+    x = jnp.ones(2)
+    assert tm.filter_jit(f)(x).tolist() == [2.0, 2.0]
+    scale = 5.0  # the same function object, its cell now holds another value
+    assert tm.filter_jit(f)(x).tolist() == [5.0, 5.0]
+    assert tm.filter_jit(f)(x).tolist() == [5.0, 5.0]
+    assert tm.debug.get_num_traces(tm.filter_jit(f)) == 1
+
+
+def test_closure_over_arrays_rewrapped_in_a_loop() -> None:
+    x = jnp.arange(3.0)
+    for i in range(3):
+        w = jnp.full((3,), float(i))
+        f = lambda x: x * w  # noqa: B023, E731 - a new closure each time, called at once
+        assert tm.filter_jit(f)(x).tolist() == (np.arange(3.0) * i).tolist()
+
+
+def test_shared_versions_do_not_keep_a_function_alive() -> None:
+    def make() -> Any:
+        big = jnp.ones(1000)
+        return lambda x: x + big[0]
+
+    f = make()
+    ref = weakref.ref(f)
+    tm.filter_jit(f)(jnp.ones(2))
+    del f
+    gc.collect()
+    assert ref() is None
+
+
+def test_threads_missing_together_trace_once() -> None:
+    log: list[Any] = []
+
+    def slow(x: jax.Array) -> jax.Array:
+        log.append(1)
+        return jnp.sin(x) * 2
+
+    f = tm.filter_jit(slow).with_max_traces(1)
+    barrier = threading.Barrier(8)
+    results: list[Any] = [None] * 8
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = np.asarray(f(jnp.full(3, float(i))))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(log) == 1 and tm.debug.get_num_traces(f) == 1
+    for i, r in enumerate(results):
+        np.testing.assert_allclose(r, np.sin(np.full(3, float(i))) * 2, rtol=1e-6)
+
+
+def test_many_versions_warn_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jit_cache, "WARN_VERSIONS", 4)
+    monkeypatch.setattr(jit_cache, "MAX_VERSIONS", 6)
+    f = tm.filter_jit(lambda x, n: x + n)
+    f._traces.warn_at = jit_cache.WARN_VERSIONS  # a fresh wrapper reads it when created
+    x = jnp.zeros(())
+    for n in range(3):
+        f(x, n)
+    with pytest.warns(jit_cache.RecompileWarning, match=r"filter_jit\(<lambda>\) has now com"):
+        f(x, 3)
+    for n in range(4, 10):
+        assert float(f(x, n)) == n  # no second warning: warnings are errors in the tests
+    assert len(f._traces.cache) == 6
+    traces = tm.debug.get_num_traces(f)
+    assert float(f(x, 0)) == 0  # dropped: compiled again
+    assert tm.debug.get_num_traces(f) == traces + 1
+
+
+def test_warning_says_how_to_bound_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jit_cache, "WARN_VERSIONS", 2)
+    f = tm.filter_jit(lambda x, n: x * n)
+    f._traces.warn_at = 2
+    f(jnp.ones(()), 1)
+    with pytest.warns(jit_cache.RecompileWarning) as record:
+        f(jnp.ones(()), 2)
+    message = str(record[0].message)
+    assert "with_max_traces" in message and "jnp.asarray" in message
+    assert str(jit_cache.MAX_VERSIONS) in message
