@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import pickle
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
@@ -48,6 +51,46 @@ class TransformedFunction(Generic[P, R]):
         if instance is None:
             return self
         return types.MethodType(self, instance)
+
+    def __reduce__(self) -> str:
+        """Pickle by reference, as Python pickles functions: by module and qualified name.
+
+        A transformed function defined at the top level of an importable module (a `def`
+        decorated with `@filter_jit` there, say, or a decorated method of a module-level class)
+        is found again under its name when unpickled, in this process or another one
+        (`multiprocessing`, job launchers). Anything else raises `pickle.PicklingError` saying why.
+        """
+        attrs = vars(self)
+        module, qualname = attrs.get("__module__"), attrs.get("__qualname__")
+        if not isinstance(module, str) or not isinstance(qualname, str):
+            wrapped = type(attrs.get("__wrapped__")).__name__
+            raise _unpicklable(f"it wraps a {wrapped} object, which has no importable name")
+        name = f"{module}.{qualname}"
+        if "<locals>" in qualname or "<lambda>" in qualname:
+            raise _unpicklable(f"{name} is defined inside a function (or is a lambda)")
+        try:
+            found: Any = sys.modules.get(module) or importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError) as e:
+            raise _unpicklable(f"{name} cannot be found by importing it ({e})") from None
+        if found is not self:
+            raise _unpicklable(
+                f"{name} is another object ({type(found).__name__}), not this transformed "
+                "function: it was transformed again under another name, or the name was "
+                f"rebound. Decorate the definition itself, or assign the result to that name "
+                f"(`{qualname} = filter_jit({qualname})`)"
+            )
+        return qualname  # pickle's global lookup: `module.qualname`, checked to be `self`
+
+
+def _unpicklable(reason: str) -> pickle.PicklingError:
+    return pickle.PicklingError(
+        f"Cannot pickle this transformed function: {reason}. Transformed functions pickle by "
+        "reference, like Python functions: define it at the top level of an importable module "
+        "(`@treemod.filter_jit` on a module-level def), or pickle the plain function and apply "
+        "the transform after unpickling."
+    )
 
 
 def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
