@@ -66,7 +66,13 @@ from treemod._shapecheck.config import (
 
 # Serialisation.
 from treemod._saving.errors import CheckpointError
-from treemod._saving.checkpoint import load, save, tree_deserialise_leaves, tree_serialise_leaves
+from treemod._saving.checkpoint import load, save
+from treemod._saving.equinox_format import (
+    default_deserialise_filter_spec,
+    default_serialise_filter_spec,
+    tree_deserialise_leaves,
+    tree_serialise_leaves,
+)
 
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`.
 from . import nn as nn
@@ -132,6 +138,8 @@ __all__ = [
     "shapecheck",
     # Serialisation.
     "CheckpointError",
+    "default_deserialise_filter_spec",
+    "default_serialise_filter_spec",
     "load",
     "save",
     "tree_deserialise_leaves",

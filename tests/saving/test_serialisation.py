@@ -392,13 +392,6 @@ def test_tracers_are_refused() -> None:
         inside(jnp.ones(2))
 
 
-def test_equinox_names_refuse_custom_filter_spec() -> None:
-    with pytest.raises(TypeError, match="tree_serialise_leaves: custom filter_spec"):
-        tm.tree_serialise_leaves(io.BytesIO(), [], filter_spec=lambda f, x: None)
-    with pytest.raises(TypeError, match="tree_deserialise_leaves: custom filter_spec"):
-        tm.tree_deserialise_leaves(io.BytesIO(), [], is_leaf=lambda x: False)
-
-
 # --- partial loading ---------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from treemod._saving.safetensors_write import DTYPES, write_checkpoint
 from treemod._tree.filters import is_array
 from treemod._tree.tree_at import tree_at
 
-__all__ = ["save", "load", "tree_serialise_leaves", "tree_deserialise_leaves"]
+__all__ = ["save", "load"]
 
 PathOrFile = str | os.PathLike | IO[bytes]
 
@@ -353,49 +353,3 @@ def load(
     if where is None:
         return loaded
     return tree_at(where, like, loaded)
-
-
-def tree_serialise_leaves(
-    path_or_file: PathOrFile, pytree: Any, filter_spec: Any = None, is_leaf: Any = None
-) -> None:
-    """Equinox's name for `save`, so that Equinox code ports by changing the import.
-
-    The file is a treemod checkpoint (safetensors), not Equinox's format. Custom
-    `filter_spec`/`is_leaf` serialisers are not supported.
-
-    Example:
-        >>> import io, jax.numpy as jnp, treemod as tm
-        >>> buf = io.BytesIO()
-        >>> tm.tree_serialise_leaves(buf, [jnp.arange(3)])
-        >>> _ = buf.seek(0)
-        >>> tm.tree_deserialise_leaves(buf, [jnp.zeros(3, jnp.int32)])
-        [Array([0, 1, 2], dtype=int32)]
-    """
-    _no_custom_spec("tree_serialise_leaves", filter_spec, is_leaf)
-    save(path_or_file, pytree)
-
-
-def tree_deserialise_leaves(
-    path_or_file: PathOrFile, like: Any, filter_spec: Any = None, is_leaf: Any = None
-) -> Any:
-    """Equinox's name for `load`: load a checkpoint into the structure of `like`.
-
-    Example:
-        >>> import io, jax.numpy as jnp, treemod as tm
-        >>> buf = io.BytesIO()
-        >>> tm.tree_serialise_leaves(buf, {"b": jnp.ones(2)})
-        >>> _ = buf.seek(0)
-        >>> tm.tree_deserialise_leaves(buf, {"b": jnp.zeros(2)})
-        {'b': Array([1., 1.], dtype=float32)}
-    """
-    _no_custom_spec("tree_deserialise_leaves", filter_spec, is_leaf)
-    return load(path_or_file, like)
-
-
-def _no_custom_spec(fn: str, filter_spec: Any, is_leaf: Any) -> None:
-    if filter_spec is not None or is_leaf is not None:
-        raise TypeError(
-            f"{fn}: custom filter_spec/is_leaf serialisers are not supported; treemod stores "
-            "arrays and simple values itself. Convert other leaves to arrays, or make them "
-            "static fields."
-        )

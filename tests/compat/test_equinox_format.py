@@ -1,0 +1,494 @@
+"""Equinox's checkpoint format: treemod writes the bytes real Equinox writes, reads Equinox's files
+into treemod's layers (converting the layouts that differ), and Equinox reads treemod's files.
+
+Every reference here is real Equinox (`eqx.tree_serialise_leaves`, Equinox's layers and their
+outputs); the module is skipped where Equinox is not installed.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treemod as tm
+
+eqx = pytest.importorskip("equinox")
+
+KEY = jax.random.PRNGKey(0)
+
+
+def _eqx_bytes(tree: Any, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    eqx.tree_serialise_leaves(buf, tree, **kwargs)
+    return buf.getvalue()
+
+
+def _tm_bytes(tree: Any, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    tm.tree_serialise_leaves(buf, tree, **kwargs)
+    return buf.getvalue()
+
+
+def _noisy(tree: Any, seed: int) -> Any:
+    """`tree` with every float array moved by random noise (so ones/zeros inits are not trivial)."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    rng = np.random.default_rng(seed)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.floating):
+            leaf = leaf + jnp.asarray(rng.normal(size=leaf.shape), leaf.dtype)
+        out.append(leaf)
+    return jtu.tree_unflatten(treedef, out)
+
+
+# Byte-identical files for plain trees.
+
+_DTYPES = [
+    jnp.bool_,
+    jnp.int8,
+    jnp.int16,
+    jnp.int32,
+    jnp.uint8,
+    jnp.uint32,
+    jnp.float16,
+    jnp.bfloat16,
+    jnp.float32,
+    jnp.complex64,
+]
+
+
+def _array(dtype: Any, shape: tuple[int, ...], seed: int) -> jax.Array:
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.normal(size=shape) * 5).astype(dtype)
+
+
+_leaf = st.one_of(
+    st.builds(
+        _array,
+        st.sampled_from(_DTYPES),
+        st.lists(st.integers(0, 3), max_size=3).map(tuple),
+        st.integers(0, 9),
+    ),
+    st.builds(lambda s: np.arange(s, dtype=np.float64), st.integers(0, 4)),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.complex_numbers(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.just("a string"),
+    st.just(jnp.tanh),
+    st.builds(np.float32, st.floats(-10, 10, width=32)),
+)
+_trees = st.recursive(
+    _leaf,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(st.sampled_from("abcd"), children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(deadline=None)
+@given(_trees)
+def test_plain_trees_give_equinox_bytes_and_round_trip(tree: Any) -> None:
+    data = _tm_bytes(tree)
+    assert data == _eqx_bytes(tree)
+    back = tm.tree_deserialise_leaves(io.BytesIO(data), tree)
+    assert eqx.tree_equal(back, eqx.tree_deserialise_leaves(io.BytesIO(data), tree))
+
+
+class _Net(tm.Module):
+    """A user's module with a static field and nested modules."""
+
+    layers: list
+    scale: float
+    name: str = tm.field(static=True)
+
+
+def test_nested_modules_and_static_fields() -> None:
+    net = _Net([tm.nn.Linear(2, 3, key=jax.random.key(1)), jnp.arange(3)], 0.5, "n")
+    assert _tm_bytes(net) == _eqx_bytes(net)
+    like = _Net([tm.nn.Linear(2, 3, key=jax.random.key(2)), jnp.zeros(3, jnp.int32)], 0.0, "n")
+    back = tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes(net)), like)
+    assert tm.tree_equal(back, net)
+
+
+def test_suffix_added_as_equinox_does(tmp_path: pathlib.Path) -> None:
+    tree = {"w": jnp.arange(4.0)}
+    tm.tree_serialise_leaves(tmp_path / "model", tree)
+    tm.tree_serialise_leaves(str(tmp_path / "other.bin"), tree)
+    eqx.tree_serialise_leaves(tmp_path / "ref", tree)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.eqx", "other.bin", "ref.eqx"]
+    assert (tmp_path / "model.eqx").read_bytes() == (tmp_path / "ref.eqx").read_bytes()
+    # Both libraries read the suffixless name back from the `.eqx` file.
+    assert tm.tree_equal(tm.tree_deserialise_leaves(tmp_path / "model", tree), tree)
+    assert tm.tree_equal(eqx.tree_deserialise_leaves(tmp_path / "model", tree), tree)
+
+
+def test_file_objects_hold_several_trees_in_sequence() -> None:
+    buf = io.BytesIO()
+    tm.tree_serialise_leaves(buf, [jnp.ones(2)])
+    tm.tree_serialise_leaves(buf, (3, 4.5))
+    buf.seek(0)
+    assert tm.tree_equal(tm.tree_deserialise_leaves(buf, [jnp.zeros(2)]), [jnp.ones(2)])
+    assert tm.tree_deserialise_leaves(buf, (0, 0.0)) == (3, 4.5)
+
+
+def test_custom_filter_spec_and_is_leaf_as_equinox() -> None:
+    tree = (jnp.array([1, 2, 3]), [4, 5, 6], {"k": jnp.ones(2)})
+
+    def skip_arrays(f: Any, x: Any) -> None:
+        if not isinstance(x, jax.Array):
+            tm.default_serialise_filter_spec(f, x)
+
+    assert _tm_bytes(tree, filter_spec=skip_arrays) == _eqx_bytes(tree, filter_spec=skip_arrays)
+    # A tree of specs, a prefix of the tree.
+    specs = (tm.default_serialise_filter_spec, skip_arrays, tm.default_serialise_filter_spec)
+    assert _tm_bytes(tree, filter_spec=specs) == _eqx_bytes(tree, filter_spec=specs)
+
+    # is_leaf: the whole list goes to the spec as one leaf.
+    def whole_list(f: Any, x: Any) -> None:
+        np.save(f, np.asarray(x) if isinstance(x, list) else x)
+
+    is_list = lambda x: isinstance(x, list)  # noqa: E731
+    assert _tm_bytes(tree, filter_spec=whole_list, is_leaf=is_list) == _eqx_bytes(
+        tree, filter_spec=whole_list, is_leaf=is_list
+    )
+    # Loading with a spec that keeps `like`'s arrays reads only the rest.
+    data = _eqx_bytes(tree, filter_spec=skip_arrays)
+    like = (jnp.zeros(3, jnp.int32), [0, 0, 0], {"k": jnp.zeros(2)})
+
+    def keep_arrays(f: Any, x: Any) -> Any:
+        return x if isinstance(x, jax.Array) else tm.default_deserialise_filter_spec(f, x)
+
+    ours = tm.tree_deserialise_leaves(io.BytesIO(data), like, filter_spec=keep_arrays)
+    theirs = eqx.tree_deserialise_leaves(io.BytesIO(data), like, filter_spec=keep_arrays)
+    assert eqx.tree_equal(ours, theirs) and ours[1] == [4, 5, 6]
+
+
+def test_abstract_like_from_filter_eval_shape() -> None:
+    conv = tm.nn.Conv2d(2, 3, 3, key=jax.random.key(0))
+    abstract = tm.filter_eval_shape(lambda: tm.nn.Conv2d(2, 3, 3, key=jax.random.key(1)))
+    back = tm.tree_deserialise_leaves(io.BytesIO(_tm_bytes(conv)), abstract)
+    assert tm.tree_equal(back, conv)
+
+
+# Every layer: Equinox saves, treemod loads (same outputs), and the reverse.
+
+
+class Case:
+    """An Equinox layer, the same architecture in treemod, and how each is called."""
+
+    def __init__(
+        self,
+        make_eqx: Callable[[], Any],
+        make_tm: Callable[[int], Any],
+        x: Any,
+        run_eqx: Callable[[Any, Any], Any] | None = None,
+        run_tm: Callable[[Any, Any], Any] | None = None,
+        stateful: bool = False,
+    ) -> None:
+        self.make_eqx, self.make_tm, self.x = make_eqx, make_tm, x
+        self.run_eqx = run_eqx or (lambda m, x: m(x))
+        self.run_tm = run_tm or (lambda m, x: m(x))
+        self.stateful = stateful
+
+
+def _k(seed: int) -> jax.Array:
+    return jax.random.key(seed)
+
+
+def _x(*shape: int, seed: int = 3) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+E, T = (lambda: eqx.nn), (lambda: tm.nn)
+
+
+def _bn_eqx() -> Any:
+    bn, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="ema", momentum=0.9)
+    bn = _noisy(bn, 5)
+    # One training call, so the statistics are real.
+    _, state = jax.vmap(bn, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
+        _x(6, 3, 4, seed=8), state
+    )
+    return bn, state
+
+
+def _sn_eqx() -> Any:
+    sn, state = eqx.nn.make_with_state(eqx.nn.SpectralNorm)(
+        eqx.nn.Linear(3, 4, key=KEY), "weight", key=KEY
+    )
+    sn = _noisy(sn, 6)
+    _, state = sn(_x(3), state)
+    return sn, state
+
+
+CASES: dict[str, Case] = {
+    "Linear": Case(lambda: E().Linear(3, 4, key=KEY), lambda s: T().Linear(3, 4, key=_k(s)), _x(3)),
+    "Identity": Case(lambda: E().Identity(), lambda s: T().Identity(), _x(3)),
+    "MLP": Case(
+        lambda: E().MLP(2, 3, 4, 2, key=KEY), lambda s: T().MLP(2, 3, 4, 2, key=_k(s)), _x(2)
+    ),
+    "Sequential": Case(
+        lambda: E().Sequential([E().Linear(2, 3, key=KEY), E().Lambda(jax.nn.relu)]),
+        lambda s: T().Sequential([T().Linear(2, 3, key=_k(s)), T().Lambda(jax.nn.relu)]),
+        _x(2),
+    ),
+    "Embedding": Case(
+        lambda: E().Embedding(5, 3, key=KEY),
+        lambda s: T().Embedding(5, 3, key=_k(s)),
+        jnp.array(2),
+    ),
+    "LayerNorm": Case(lambda: _noisy(E().LayerNorm(3), 1), lambda s: T().LayerNorm(3), _x(3)),
+    "GroupNorm": Case(
+        lambda: _noisy(E().GroupNorm(2, 4), 1), lambda s: T().GroupNorm(2, 4), _x(4, 5)
+    ),
+    "RMSNorm": Case(lambda: _noisy(E().RMSNorm(3), 1), lambda s: T().RMSNorm(3), _x(3)),
+    "Dropout": Case(
+        lambda: E().Dropout(0.3, inference=True),
+        lambda s: T().Dropout(0.7),
+        _x(3),
+        run_eqx=lambda m, x: m(x, inference=True),
+        run_tm=lambda m, x: m(x, inference=True),
+    ),
+    "PReLU": Case(lambda: E().PReLU(0.1), lambda s: T().PReLU(0.5), _x(5)),
+    "PReLU_vector": Case(
+        lambda: E().PReLU(jnp.array([0.1, 0.2, 0.3])), lambda s: T().PReLU(jnp.zeros(3)), _x(3)
+    ),
+    "GRUCell": Case(
+        lambda: E().GRUCell(3, 4, key=KEY),
+        lambda s: T().GRUCell(3, 4, key=_k(s)),
+        (_x(3), _x(4, seed=4)),
+        run_eqx=lambda m, x: m(*x),
+        run_tm=lambda m, x: m(*x),
+    ),
+    "LSTMCell": Case(
+        lambda: E().LSTMCell(3, 4, key=KEY),
+        lambda s: T().LSTMCell(3, 4, key=_k(s)),
+        (_x(3), (_x(4, seed=4), _x(4, seed=5))),
+        run_eqx=lambda m, x: m(*x),
+        run_tm=lambda m, x: m(*x),
+    ),
+    "MultiheadAttention": Case(
+        lambda: E().MultiheadAttention(2, 4, key=KEY),
+        lambda s: T().MultiheadAttention(2, 4, key=_k(s)),
+        (_x(5, 4), _x(6, 4, seed=4), _x(6, 4, seed=5)),
+        run_eqx=lambda m, x: m(*x),
+        run_tm=lambda m, x: m(*x),
+    ),
+    "RotaryPositionalEmbedding": Case(
+        lambda: E().RotaryPositionalEmbedding(4),
+        lambda s: T().RotaryPositionalEmbedding(4),
+        _x(5, 4),
+    ),
+    "WeightNorm": Case(
+        lambda: E().WeightNorm(E().Linear(3, 4, key=KEY)),
+        lambda s: T().WeightNorm(T().Linear(3, 4, key=_k(s))),
+        _x(3),
+    ),
+    "BatchNorm": Case(
+        _bn_eqx,
+        lambda s: T().BatchNorm(3, momentum=0.1),
+        _x(6, 3, 4, seed=9),
+        run_eqx=lambda m, x: jax.vmap(
+            lambda y: m[0](y, m[1], inference=True)[0], axis_name="batch"
+        )(x),
+        run_tm=lambda m, x: m(x, inference=True),
+        stateful=True,
+    ),
+    "SpectralNorm": Case(
+        _sn_eqx,
+        lambda s: T().SpectralNorm(T().Linear(3, 4, key=_k(s)), key=_k(s + 1)),
+        _x(3),
+        run_eqx=lambda m, x: m[0](x, m[1], inference=True)[0],
+        run_tm=lambda m, x: m(x, inference=True),
+        stateful=True,
+    ),
+}
+for _n in (1, 2, 3):
+    _sp = (5,) * _n
+    CASES[f"Conv{_n}d"] = Case(
+        lambda n=_n: getattr(E(), f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=KEY),
+        lambda s, n=_n: getattr(T(), f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=_k(s)),
+        _x(2, *_sp),
+    )
+    CASES[f"Conv{_n}d_groups"] = Case(
+        lambda n=_n: getattr(E(), f"Conv{n}d")(4, 6, 2, groups=2, key=KEY),
+        lambda s, n=_n: getattr(T(), f"Conv{n}d")(4, 6, 2, groups=2, key=_k(s)),
+        _x(4, *_sp),
+    )
+    CASES[f"ConvTranspose{_n}d"] = Case(
+        lambda n=_n: getattr(E(), f"ConvTranspose{n}d")(
+            2, 4, 3, stride=2, padding=1, output_padding=1, key=KEY
+        ),
+        lambda s, n=_n: getattr(T(), f"ConvTranspose{n}d")(
+            2, 4, 3, stride=2, padding=1, output_padding=1, key=_k(s)
+        ),
+        _x(2, *_sp),
+    )
+    CASES[f"ConvTranspose{_n}d_groups"] = Case(
+        lambda n=_n: getattr(E(), f"ConvTranspose{n}d")(4, 6, 3, dilation=2, groups=2, key=KEY),
+        lambda s, n=_n: getattr(T(), f"ConvTranspose{n}d")(
+            4, 6, 3, dilation=2, groups=2, key=_k(s)
+        ),
+        _x(4, *_sp),
+    )
+    for _kind in ("Max", "Avg"):
+        CASES[f"{_kind}Pool{_n}d"] = Case(
+            lambda n=_n, kind=_kind: getattr(E(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
+            lambda s, n=_n, kind=_kind: getattr(T(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
+            _x(2, *_sp),
+        )
+        CASES[f"Adaptive{_kind}Pool{_n}d"] = Case(
+            lambda n=_n, kind=_kind: getattr(E(), f"Adaptive{kind}Pool{n}d")(2),
+            lambda s, n=_n, kind=_kind: getattr(T(), f"Adaptive{kind}Pool{n}d")(2),
+            _x(2, *(4,) * _n),
+        )
+
+
+def _close(a: Any, b: Any) -> None:
+    for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equinox_file_loads_into_treemod_layer(name: str) -> None:
+    case = CASES[name]
+    model = case.make_eqx()
+    if not case.stateful:
+        model = _noisy(model, 2)
+    data = _eqx_bytes(model)
+    loaded = tm.tree_deserialise_leaves(io.BytesIO(data), case.make_tm(10))
+    _close(case.run_tm(loaded, case.x), case.run_eqx(model, case.x))
+    # And treemod writes back exactly the bytes it read.
+    assert _tm_bytes(loaded) == data
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_treemod_file_loads_into_equinox_layer(name: str) -> None:
+    case = CASES[name]
+    layer = _noisy(case.make_tm(11), 4)
+    data = _tm_bytes(layer)
+    loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), case.make_eqx())
+    _close(case.run_eqx(loaded, case.x), case.run_tm(layer, case.x))
+    assert _eqx_bytes(loaded) == data
+
+
+def test_channels_last_conv_converts_its_kernel() -> None:
+    conv = eqx.nn.Conv2d(2, 4, (2, 3), key=KEY)
+    x = _x(2, 5, 6)
+    like = tm.nn.Conv(2, 2, 4, (2, 3), channels_last=True, key=_k(1))
+    loaded = tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes(conv)), like)
+    _close(loaded(jnp.moveaxis(x, 0, -1)), jnp.moveaxis(conv(x), 0, -1))
+    assert _tm_bytes(loaded) == _eqx_bytes(conv)
+    up = tm.nn.ConvTranspose(2, 2, 4, (2, 3), stride=2, channels_last=True, key=_k(2))
+    ref = eqx.tree_deserialise_leaves(
+        io.BytesIO(_tm_bytes(up)), eqx.nn.ConvTranspose2d(2, 4, (2, 3), stride=2, key=KEY)
+    )
+    _close(up(jnp.moveaxis(x, 0, -1)), jnp.moveaxis(ref(x), 0, -1))
+
+
+def test_batch_norm_before_any_training_call_loads_treemods_initial_statistics() -> None:
+    bn, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="ema")
+    loaded = tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes((bn, state))), tm.nn.BatchNorm(3))
+    assert tm.tree_equal(loaded, tm.nn.BatchNorm(3))
+
+
+# Errors name the key path and say what to do.
+
+
+def test_shape_mismatch_names_the_key_path() -> None:
+    data = _eqx_bytes(eqx.nn.MLP(2, 3, 4, 1, key=KEY))
+    with pytest.raises(
+        tm.CheckpointError,
+        match=r"\.layers\[0\]\.weight: like has shape \(5, 2\), the file \(4, 2\)",
+    ):
+        tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.MLP(2, 3, 5, 1, key=_k(0)))
+
+
+def test_converted_layer_mismatch_names_equinox_layout() -> None:
+    data = _eqx_bytes(eqx.nn.Conv2d(2, 3, 3, key=KEY))
+    with pytest.raises(tm.CheckpointError, match=r"\.weight \(in Equinox's layout of Conv2d\)"):
+        tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.Conv2d(2, 4, 3, key=_k(0)))
+
+
+def test_dtype_mismatch_is_a_runtime_error_too() -> None:
+    data = _eqx_bytes([jnp.ones(2, jnp.float16)])
+    with pytest.raises(RuntimeError, match=r"\[0\]: like has dtype float32, the file float16"):
+        tm.tree_deserialise_leaves(io.BytesIO(data), [jnp.zeros(2)])
+
+
+def test_type_mismatch() -> None:
+    data = _eqx_bytes({"a": np.ones(2)})
+    with pytest.raises(tm.CheckpointError, match=r"\['a'\] could not be read: ValueError"):
+        tm.tree_deserialise_leaves(io.BytesIO(data), {"a": 0})
+    with pytest.raises(tm.CheckpointError, match=r"\['a'\]: like holds int, the file str"):
+        tm.tree_deserialise_leaves(io.BytesIO(data), {"a": 0}, filter_spec=lambda f, x: "?")
+
+
+def test_too_few_leaves(tmp_path: pathlib.Path) -> None:
+    eqx.tree_serialise_leaves(tmp_path / "m", [jnp.ones(2)])
+    with pytest.raises(tm.CheckpointError, match=r"ends before leaf 2 of 2 \(\[1\]\)"):
+        tm.tree_deserialise_leaves(tmp_path / "m", [jnp.ones(2), jnp.ones(3)])
+
+
+def test_too_many_leaves(tmp_path: pathlib.Path) -> None:
+    eqx.tree_serialise_leaves(tmp_path / "m", [jnp.ones(2), 5])
+    with pytest.raises(tm.CheckpointError, match=r"m\.eqx holds more data after the 1 leaves"):
+        tm.tree_deserialise_leaves(tmp_path / "m", [jnp.ones(2)])
+
+
+def test_stateful_model_saved_without_its_state_says_so() -> None:
+    bn, _ = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="ema")
+    with pytest.raises(tm.CheckpointError, match=r"without its state"):
+        tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes(bn)), tm.nn.BatchNorm(3))
+
+
+def test_safetensors_file_points_to_load(tmp_path: pathlib.Path) -> None:
+    tm.save(tmp_path / "c.safetensors", {"w": jnp.ones(2)})
+    with pytest.raises(tm.CheckpointError, match=r"safetensors file .* tm\.load\(path, like\)"):
+        tm.tree_deserialise_leaves(tmp_path / "c.safetensors", {"w": jnp.ones(2)})
+
+
+def test_garbage_file_is_refused() -> None:
+    with pytest.raises(tm.CheckpointError, match=r"not in Equinox's format"):
+        tm.tree_deserialise_leaves(io.BytesIO(b"hello world, not npy"), [jnp.ones(2)])
+
+
+def test_corrupt_record_names_the_leaf() -> None:
+    data = bytearray(_eqx_bytes([jnp.ones(2), jnp.ones(3)]))
+    cut = bytes(data[: len(data) - 4])
+    with pytest.raises(tm.CheckpointError, match=r"leaf 2 of 2 at \[1\] could not be read"):
+        tm.tree_deserialise_leaves(io.BytesIO(cut), [jnp.ones(2), jnp.ones(3)])
+
+
+def test_load_points_equinox_files_to_tree_deserialise_leaves(tmp_path: pathlib.Path) -> None:
+    tm.tree_serialise_leaves(tmp_path / "m", {"w": jnp.ones(2)})
+    with pytest.raises(tm.CheckpointError, match=r"Equinox's format.*tree_deserialise_leaves"):
+        tm.load(tmp_path / "m.eqx", like={"w": jnp.ones(2)})
+    buf = io.BytesIO(b"prefix" + _eqx_bytes({"w": jnp.ones(2)}))
+    buf.seek(6)
+    with pytest.raises(tm.CheckpointError, match=r"Equinox's format"):
+        tm.load(buf, like={"w": jnp.ones(2)})
+
+
+def test_tracer_refused_when_saving() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        tm.tree_serialise_leaves(io.BytesIO(), {"x": x})
+        return x
+
+    with pytest.raises(TypeError, match=r"\['x'\] is a tracer"):
+        jax.jit(f)(jnp.ones(2))
