@@ -11,6 +11,7 @@ import wadler_lindig as wl
 
 from treemod._format.describe import describe_array
 from treemod._tree.filters import is_array
+from treemod._tree.module_marker import is_module
 
 __all__ = ["tree_pformat", "tree_pprint", "tree_summary"]
 
@@ -101,10 +102,6 @@ def tree_pprint(pytree: Any, **kwargs: Any) -> None:
     print(tree_pformat(pytree, **kwargs))
 
 
-def _is_module(x: Any) -> bool:
-    return hasattr(type(x), "__tm_static_fields__")
-
-
 def _children(node: Any) -> list[tuple[str, Any]]:
     """The immediate children of `node` with their keys; `[]` for a leaf or an empty node."""
     pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
@@ -116,7 +113,7 @@ def _children(node: Any) -> list[tuple[str, Any]]:
 def _type_name(node: Any) -> str:
     if _is_arraylike_leaf(node):
         return wl.pformat(_array_doc(node))
-    if isinstance(node, list | tuple | dict) and not _is_module(node):
+    if isinstance(node, list | tuple | dict) and not is_module(node):
         return f"{type(node).__name__}[{len(node)}]"
     return type(node).__name__
 
@@ -151,9 +148,9 @@ def _rows(
     """Append the rows for `node` at `path`; `level` is how many levels `path` has used."""
     in_state = in_state or _is_state_node(node)
     children = _children(node)
-    module = _is_module(node)
+    module = is_module(node)
     # A container of modules (a list of layers) is no level of its own: `.layers[0]` is one.
-    transparent = not module and any(_is_module(c) for _, c in children)
+    transparent = not module and any(is_module(c) for _, c in children)
     at_depth = depth is not None and level >= depth and not transparent
     if not children or at_depth:
         count, state, nbytes = _count(node, in_state)

@@ -15,6 +15,7 @@ import jax.tree_util as jtu
 
 from treemod._format.describe import describe_array
 from treemod._format.paths import render_path
+from treemod._tree.module_marker import static_field_names
 
 logger = logging.getLogger("treemod")
 
@@ -117,7 +118,7 @@ def _structure_diff(a: Any, b: Any, path: tuple, fn_label: str, out: list[str]) 
         return
     cls, aux_a, aux_b = da[0], da[1], db[1]
     if not _aux_equal(aux_a, aux_b):
-        fields = getattr(cls, "__tm_static_fields__", None)
+        fields = static_field_names(cls)
         if fields and isinstance(aux_a, tuple) and isinstance(aux_b, tuple):
             for name, x, y in zip(fields, aux_a, aux_b, strict=False):
                 if not _same_static(x, y):

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, dataclass_tra
 import jax.tree_util as jtu
 
 from treemod._format.pretty import tree_pformat
-from treemod._shapecheck.class_hooks import check_module_fields, install_class_checks
+from treemod._shapecheck.checker import check_fields
+from treemod._shapecheck.class_hooks import install_class_checks
 from treemod._tree.filters import is_array
 from treemod._tree.tree_equal import tree_equal
 
@@ -242,7 +243,7 @@ class _ModuleMeta(abc.ABCMeta):
             _INITIALISING.discard(key)
         for check in cls.__tm_check_inits__:
             check(self)
-        check_module_fields(self, constructing=True)
+        check_fields(self, constructing=True)
         return self
 
 
@@ -342,6 +343,11 @@ class Module(metaclass=_ModuleMeta):
     """
 
     __signature__ = _InitSignature()
+
+    # A class-level hook read by `tree_at` (`treemod/_tree/module_marker.py`): a subclass whose
+    # descendants' arrays do not match their own annotations (`nn.Stack`, whose arrays carry an
+    # extra leading axis) sets it to False, and modules rebuilt below it are not shape-checked.
+    __tm_check_descendants__: ClassVar[bool] = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if id(self) in _INITIALISING:

@@ -10,6 +10,7 @@ all of this is Python that runs while tracing, so compiled code pays nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 import typing
@@ -31,11 +32,6 @@ from treemod._shapecheck.annotations import (
     resolve_annotation,
 )
 from treemod._shapecheck.array_checker import array_checker
-from treemod._shapecheck.class_hooks import (
-    install_call_checker,
-    install_field_checker,
-    wrap_checked,
-)
 from treemod._shapecheck.config import (
     _OVERRIDE,
     BACKENDS,
@@ -43,6 +39,7 @@ from treemod._shapecheck.config import (
     enabled_for,
     ensure_checker,
 )
+from treemod._tree.module_marker import is_module_class
 
 __all__ = ["ShapeCheckError", "shapecheck"]
 
@@ -254,7 +251,12 @@ def _check_fields_into(
 
 
 def check_fields(module: Any, constructing: bool = True) -> None:
-    """Check `module`'s annotated fields against each other (the installed field checker)."""
+    """Check `module`'s annotated fields against each other, if checks are on for its class.
+
+    `constructing` is `True` from the Module construction protocol (strict checks) and `False`
+    from paths that rebuild a module, such as `tree_at` (non-array placeholders, as found in
+    filter specs and partitioned trees, are let through).
+    """
     cls = type(module)
     spec = cls.__dict__.get("__tm_field_spec__")
     if spec is None:
@@ -279,13 +281,13 @@ def _items(entry: _Entry, value: Any) -> list[tuple[str, Any]]:
 
 
 def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwargs: dict) -> Any:
-    """Call `fn`, checking its annotated arguments and return value (the installed checker)."""
+    """Call `fn`, checking its annotated arguments and return value (`wrap_checked`'s calls)."""
     spec = state[0]
     force = state[1]
     if spec is None:
         spec = state[0] = _analyse_call(fn, state[2])
     owner = type(args[0]) if args else None
-    if not hasattr(owner, "__tm_static_fields__") or spec is False or not spec.is_method:
+    if not is_module_class(owner) or spec is False or not spec.is_method:
         owner = None
     if not (force or enabled_for(owner)):
         return fn(*args, **kwargs)
@@ -324,6 +326,27 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
             _OVERRIDE.reset(token)
 
 
+def wrap_checked(
+    fn: Callable[..., Any], force: bool = False, annotations: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """Wrap `fn` so that its calls are checked by `run_checked_call`.
+
+    The wrapper's `__tm_shapecheck_state__` is `[spec, force, annotations]`: `spec` is `None`
+    until the first call analyses the annotations (resolved ones if given), then the analysis
+    (or `False`: nothing to check); `force` checks whatever the switch says.
+    """
+    state: list[Any] = [None, force, annotations or None]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if state[0] is False and not force:
+            return fn(*args, **kwargs)
+        return run_checked_call(fn, state, args, kwargs)
+
+    checked.__tm_shapecheck_state__ = state  # type: ignore[attr-defined]
+    return checked
+
+
 def shapecheck(obj: _T) -> _T:
     """Always check a function's (or a Module class's) jaxtyping annotations, and turn checks on
     for the code it runs.
@@ -355,7 +378,7 @@ def shapecheck(obj: _T) -> _T:
           reason: this array has 2 dimensions, not the 1 expected by the type hint
     """
     if isinstance(obj, type):
-        if not hasattr(obj, "__tm_static_fields__"):
+        if not is_module_class(obj):
             raise TypeError(
                 f"shapecheck decorates functions and treemod.Module subclasses, not the class "
                 f"{obj.__qualname__}. For a plain dataclass use "
@@ -370,7 +393,3 @@ def shapecheck(obj: _T) -> _T:
         fn = obj.__wrapped__  # type: ignore[attr-defined]
         return wrap_checked(fn, force=True, annotations=state[2])  # type: ignore[return-value]
     return wrap_checked(obj, force=True)  # type: ignore[return-value]
-
-
-install_field_checker(check_fields)
-install_call_checker(run_checked_call)

@@ -1,17 +1,15 @@
-"""The hook through which construction paths (Module init, `tree_at`) ask for field checks.
+"""Shape checks in a Module class body: the `shapecheck=` class option and checked methods.
 
-It lives at the bottom of the import graph so that both the Module core and the tree utilities
-can call it; the shape-checking module installs the real checker. It also wraps the annotated
-methods of each new Module class (`install_class_checks`, called by the metaclass) so that
-their calls can be checked; the wrappers ask the installed call checker at call time.
+`install_class_checks` is called by the Module metaclass (`treemod/_module/module.py`) before
+each class is created: it reads the class option and wraps the methods whose annotations use
+jaxtyping with `checker.wrap_checked`, so that their calls are checked. Field checks after
+construction are `checker.check_fields`, which Module and `tree_at` import directly.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import types
-from collections.abc import Callable
 from typing import Any
 
 from treemod._shapecheck.annotations import (
@@ -19,42 +17,12 @@ from treemod._shapecheck.annotations import (
     contains_jaxtyping,
     function_annotations,
 )
-
-_field_checker: list[Callable[[Any, bool], None]] = []
-# call_checker(fn, state, args, kwargs) -> fn's result, after checking the call.
-_call_checker: list[Callable[[Callable[..., Any], list[Any], tuple, dict], Any]] = []
+from treemod._shapecheck.checker import wrap_checked
 
 # The only dunder method checked automatically. Not `__init__`: the fields it sets are checked
 # after construction anyway, and a layer's own argument validation ("Linear needs a PRNG key")
 # says more than a type error would. Decorate `__init__` with `treemod.shapecheck` to check it.
 _CHECKED_DUNDERS = frozenset({"__call__"})
-
-
-def install_field_checker(checker: Callable[[Any, bool], None]) -> None:
-    """Install the function that checks a freshly built module's fields.
-
-    It receives the module and whether the module was just constructed (`True`: strict) or
-    rebuilt by another path such as `tree_at` (`False`: non-array placeholders, as found in
-    filter specs and partitioned trees, are let through).
-    """
-    _field_checker[:] = [checker]
-
-
-def install_call_checker(
-    checker: Callable[[Callable[..., Any], list[Any], tuple, dict], Any],
-) -> None:
-    """Install the function that runs (and checks) calls of wrapped methods."""
-    _call_checker[:] = [checker]
-
-
-def check_module_fields(module: Any, constructing: bool = False) -> None:
-    """Check `module`'s fields with the installed checker, if any.
-
-    `constructing` is `True` from the Module construction protocol (strict checks) and `False`
-    from paths that rebuild a module, such as `tree_at`.
-    """
-    if _field_checker:
-        _field_checker[0](module, constructing)
 
 
 def _defining_namespaces() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -89,27 +57,6 @@ def _method_annotations(
     if any(a is None and isinstance(fn.__annotations__[k], str) for k, a in annotations.items()):
         return {}
     return annotations if any(contains_jaxtyping(a) for a in annotations.values()) else None
-
-
-def wrap_checked(
-    fn: Callable[..., Any], force: bool = False, annotations: dict[str, Any] | None = None
-) -> Callable[..., Any]:
-    """Wrap `fn` so that its calls go through the installed call checker.
-
-    The wrapper's `__tm_shapecheck_state__` is `[spec, force, annotations]`: `spec` is `None`
-    until the first call analyses the annotations (resolved ones if given), then the analysis
-    (or `False`: nothing to check); `force` checks whatever the switch says.
-    """
-    state: list[Any] = [None, force, annotations or None]
-
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        if (state[0] is False and not force) or not _call_checker:
-            return fn(*args, **kwargs)
-        return _call_checker[0](fn, state, args, kwargs)
-
-    checked.__tm_shapecheck_state__ = state  # type: ignore[attr-defined]
-    return checked
 
 
 def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> None:

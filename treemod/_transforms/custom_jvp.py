@@ -12,13 +12,13 @@ from jax.custom_derivatives import SymbolicZero
 
 from treemod._format.paths import function_name
 from treemod._transforms.leaves import split_tree
-from treemod._transforms.wrapper import TransformedFunction
+from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import is_inexact_array
 
 __all__ = ["filter_custom_jvp"]
 
 
-class filter_custom_jvp(TransformedFunction):  # noqa: N801 (Equinox's name)
+class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's name)
     """Define a custom JVP (forward-mode derivative) for a function of any pytrees.
 
     Equinox's API. Decorate `fn(*args, **kwargs)`, then define
@@ -47,8 +47,8 @@ class filter_custom_jvp(TransformedFunction):  # noqa: N801 (Equinox's name)
         1.0
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[P, R]) -> None:
+        self.fn: Callable[..., Any] = fn
         self.fn_jvp: Callable[..., Any] | None = None
         self._wraps(fn)
 
@@ -57,7 +57,7 @@ class filter_custom_jvp(TransformedFunction):  # noqa: N801 (Equinox's name)
         self.fn_jvp = fn_jvp
         return fn_jvp
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         fn, fn_jvp = self.fn, self.fn_jvp
         if fn_jvp is None:
             name = function_name(fn)
@@ -90,4 +90,4 @@ class filter_custom_jvp(TransformedFunction):  # noqa: N801 (Equinox's name)
             return out, t_out
 
         call.defjvp(jvp, symbolic_zeros=True)
-        return call(arg_arrays, kw_arrays)
+        return call(arg_arrays, kw_arrays)  # type: ignore[no-any-return]

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, Generic, TypeVar
 
 import jax
 import jax.tree_util as jtu
 
 from treemod._transforms.leaves import split_tree
+from treemod._transforms.wrapper import P, R
 from treemod._tree.filters import combine, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]
 
 
-class filter_custom_vjp:  # noqa: N801 (Equinox's name)
+_A = TypeVar("_A")
+
+
+class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
     """Define a custom backward pass for a function, differentiating its first argument.
 
     Equinox's API: decorate `fn(vjp_arg, *args, **kwargs)`, then define
@@ -46,8 +50,8 @@ class filter_custom_vjp:  # noqa: N801 (Equinox's name)
         Array(1., dtype=float32)
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[Concatenate[_A, P], R]) -> None:
+        self.fn: Callable[..., Any] = fn
         self.fn_fwd: Callable[..., Any] | None = None
         self.fn_bwd: Callable[..., Any] | None = None
         functools.update_wrapper(self, fn, updated=())
@@ -62,7 +66,7 @@ class filter_custom_vjp:  # noqa: N801 (Equinox's name)
         self.fn_bwd = fn_bwd
         return fn_bwd
 
-    def __call__(self, vjp_arg: Any, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, vjp_arg: _A, /, *args: P.args, **kwargs: P.kwargs) -> R:
         name = getattr(self.fn, "__name__", "function")
         if self.fn_fwd is None or self.fn_bwd is None:
             raise RuntimeError(
@@ -110,7 +114,7 @@ class filter_custom_vjp:  # noqa: N801 (Equinox's name)
 
         primal.defvjp(fwd, bwd)
         out_leaves = primal(diff_leaves, dynamic)
-        return jtu.tree_unflatten(out_def[0], out_leaves)
+        return jtu.tree_unflatten(out_def[0], out_leaves)  # type: ignore[no-any-return]
 
 
 def filter_like(grads: Any, diff: Any, name: str) -> list:

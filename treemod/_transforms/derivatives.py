@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
 from treemod._module.state import is_param
 from treemod._transforms.leaves import Split, merge_leaves, split_leaves, split_tree
-from treemod._transforms.wrapper import TransformedFunction
+from treemod._transforms.wrapper import P, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE, combine, is_inexact_array, partition
 
 __all__ = [
@@ -36,21 +36,28 @@ __all__ = [
 ]
 
 
-class _GradWrapper(TransformedFunction):
+class _GradWrapper(TransformedFunction[P, Any]):
     """`fun` differentiated with respect to the parameters (`is_param`) of its first argument:
-    by `jax.value_and_grad`, or by `jacobian` (`jax.jacfwd` or `jax.jacrev`) when given; `name`
-    is the public function that made it."""
+    by `jax.value_and_grad`, or by `jacobian` (`jax.jacfwd` or `jax.jacrev`) when given. `name`
+    is the public function that made it (for messages only); `with_value` returns the value
+    beside the gradient (`filter_value_and_grad`)."""
 
     def __init__(
-        self, fun: Callable[..., Any], has_aux: bool, name: str, jacobian: Any = None
+        self,
+        fun: Callable[P, Any],
+        has_aux: bool,
+        name: str,
+        jacobian: Any = None,
+        with_value: bool = False,
     ) -> None:
-        self._fun = fun
+        self._fun: Callable[..., Any] = fun
         self._has_aux = has_aux
         self._name = name
         self._jacobian = jacobian
+        self._with_value = with_value
         self._wraps(fun)
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         if not args:
             raise TypeError(
                 f"{self._name}: the function must be called with its first argument (the one "
@@ -74,14 +81,26 @@ class _GradWrapper(TransformedFunction):
                 return jac, aux.split.rebuild(aux.arrays)
             return self._jacobian(with_params)(diff)
         value, grads = jax.value_and_grad(with_params, has_aux=self._has_aux)(diff)
-        if self._name == "filter_value_and_grad":
+        if self._with_value:
             return value, grads
         if self._has_aux:
             return grads, value[1]
         return grads
 
 
-def filter_value_and_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+@overload
+def filter_value_and_grad(fun: Callable[P, Any], *, has_aux: bool = False) -> Callable[P, Any]: ...
+
+
+@overload
+def filter_value_and_grad(
+    fun: None = None, *, has_aux: bool = False
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
+
+
+def filter_value_and_grad(
+    fun: Callable[P, Any] | None = None, *, has_aux: bool = False
+) -> Callable[P, Any] | Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Like `jax.value_and_grad`, differentiating the parameters of the first argument.
 
     Floating-point arrays of the first argument that are not inside a `State` are
@@ -110,10 +129,22 @@ def filter_value_and_grad(fun: Callable[..., Any] | None = None, *, has_aux: boo
     """
     if fun is None:
         return functools.partial(filter_value_and_grad, has_aux=has_aux)
-    return _GradWrapper(fun, has_aux, "filter_value_and_grad")
+    return _GradWrapper(fun, has_aux, "filter_value_and_grad", with_value=True)
 
 
-def filter_grad(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+@overload
+def filter_grad(fun: Callable[P, Any], *, has_aux: bool = False) -> Callable[P, Any]: ...
+
+
+@overload
+def filter_grad(
+    fun: None = None, *, has_aux: bool = False
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
+
+
+def filter_grad(
+    fun: Callable[P, Any] | None = None, *, has_aux: bool = False
+) -> Callable[P, Any] | Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Like `jax.grad`, differentiating the parameters of the first argument.
 
     Floating-point arrays of the first argument outside any `State` are differentiated;
@@ -157,7 +188,19 @@ class _SplitAux:
 jtu.register_pytree_node(_SplitAux, lambda a: (a.arrays, a.split), lambda s, c: _SplitAux(c, s))
 
 
-def filter_jacfwd(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+@overload
+def filter_jacfwd(fun: Callable[P, Any], *, has_aux: bool = False) -> Callable[P, Any]: ...
+
+
+@overload
+def filter_jacfwd(
+    fun: None = None, *, has_aux: bool = False
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
+
+
+def filter_jacfwd(
+    fun: Callable[P, Any] | None = None, *, has_aux: bool = False
+) -> Callable[P, Any] | Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Like `jax.jacfwd` (forward mode), with respect to the parameters of the first argument.
 
     The parameters are those `filter_grad` differentiates (`treemod.is_param`); the other
@@ -190,7 +233,19 @@ def filter_jacfwd(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fals
     return _GradWrapper(fun, has_aux, "filter_jacfwd", jax.jacfwd)
 
 
-def filter_jacrev(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+@overload
+def filter_jacrev(fun: Callable[P, Any], *, has_aux: bool = False) -> Callable[P, Any]: ...
+
+
+@overload
+def filter_jacrev(
+    fun: None = None, *, has_aux: bool = False
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
+
+
+def filter_jacrev(
+    fun: Callable[P, Any] | None = None, *, has_aux: bool = False
+) -> Callable[P, Any] | Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Like `jax.jacrev` (reverse mode), with respect to the parameters of the first argument.
 
     As `filter_jacfwd`, computed in reverse mode: one pass per output element, so use it when
@@ -208,7 +263,19 @@ def filter_jacrev(fun: Callable[..., Any] | None = None, *, has_aux: bool = Fals
     return _GradWrapper(fun, has_aux, "filter_jacrev", jax.jacrev)
 
 
-def filter_hessian(fun: Callable[..., Any] | None = None, *, has_aux: bool = False) -> Any:
+@overload
+def filter_hessian(fun: Callable[P, Any], *, has_aux: bool = False) -> Callable[P, Any]: ...
+
+
+@overload
+def filter_hessian(
+    fun: None = None, *, has_aux: bool = False
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
+
+
+def filter_hessian(
+    fun: Callable[P, Any] | None = None, *, has_aux: bool = False
+) -> Callable[P, Any] | Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Like `jax.hessian`: `filter_jacfwd(filter_jacrev(fun))`, over the parameters of the
     first argument.
 

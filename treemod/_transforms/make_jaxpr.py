@@ -9,11 +9,12 @@ from typing import Any
 import jax
 
 from treemod._transforms.leaves import Split, is_abstract_array, split_tree
+from treemod._transforms.wrapper import P
 
 __all__ = ["filter_make_jaxpr"]
 
 
-def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, Any]]:
+def filter_make_jaxpr(fun: Callable[P, Any]) -> Callable[P, tuple[Any, Any, Any]]:
     """Like `jax.make_jaxpr`, for functions of arbitrary pytrees (Equinox's API).
 
     Arrays in the arguments (and `jax.ShapeDtypeStruct`s, which stand for arrays) are the
@@ -42,7 +43,7 @@ def filter_make_jaxpr(fun: Callable[..., Any]) -> Callable[..., tuple[Any, Any, 
     """
 
     @functools.wraps(fun)
-    def make_jaxpr(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
+    def make_jaxpr(*args: P.args, **kwargs: P.kwargs) -> tuple[Any, Any, Any]:
         dynamic, split = split_tree((args, kwargs), is_abstract_array)
         out_split: list[Split] = []
 

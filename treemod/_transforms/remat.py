@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import jax
 
 from treemod._transforms.leaves import pack_output, split_tree
-from treemod._transforms.wrapper import TransformedFunction, split_fn
+from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
 __all__ = ["filter_checkpoint"]
 
 
-class _CheckpointWrapper(TransformedFunction):
-    def __init__(self, fun: Callable[..., Any], prevent_cse: bool, policy: Any) -> None:
-        self._fun = fun
+class _CheckpointWrapper(TransformedFunction[P, R]):
+    def __init__(self, fun: Callable[P, R], prevent_cse: bool, policy: Any) -> None:
+        self._fun: Callable[..., Any] = fun
         self._fn_tree, self._call = split_fn(fun)
         self._prevent_cse = prevent_cse
         self._policy = policy
         self._wraps(fun)
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         dynamic, split = split_tree((self._fn_tree, args, kwargs))
         fun, call = self._fun, self._call
 
@@ -37,15 +37,27 @@ class _CheckpointWrapper(TransformedFunction):
             return pack_output(out)
 
         remat = jax.checkpoint(inner, prevent_cse=self._prevent_cse, policy=self._policy)
-        return remat(dynamic)
+        return remat(dynamic)  # type: ignore[no-any-return]
+
+
+@overload
+def filter_checkpoint(
+    fun: Callable[P, R], *, prevent_cse: bool = True, policy: Callable[..., bool] | None = None
+) -> Callable[P, R]: ...
+
+
+@overload
+def filter_checkpoint(
+    fun: None = None, *, prevent_cse: bool = True, policy: Callable[..., bool] | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def filter_checkpoint(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[P, R] | None = None,
     *,
     prevent_cse: bool = True,
     policy: Callable[..., bool] | None = None,
-) -> Any:
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Recompute `fun`'s intermediate values in the backward pass instead of storing them.
 
     `jax.checkpoint` (rematerialisation) for functions of arbitrary pytrees: arrays are

@@ -8,6 +8,7 @@ import jax.tree_util as jtu
 
 from treemod._format.paths import function_name, render_path
 from treemod._tree.filters import IS_ARRAY_TYPE
+from treemod._tree.module_marker import static_field_names
 
 
 def _hashable(x: Any) -> bool:
@@ -35,7 +36,7 @@ def unhashable_error(
     bad = _unhashable_node(tree, ())
     if bad is not None:
         path, node = bad
-        fields = getattr(type(node), "__tm_static_fields__", ())
+        fields = static_field_names(type(node))
         culprits = [f for f in fields if not _hashable(getattr(node, f, None))]
         what = (
             f"the static field {type(node).__qualname__}.{culprits[0]}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,7 @@ import jax.tree_util as jtu
 
 from treemod._format.paths import function_name, render_path
 from treemod._transforms.leaves import merge_leaves, split_leaves
-from treemod._transforms.wrapper import TransformedFunction
+from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["filter_vmap", "if_array"]
@@ -89,10 +89,10 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
     return axes
 
 
-class _VmapWrapper(TransformedFunction):
+class _VmapWrapper(TransformedFunction[P, R]):
     def __init__(
         self,
-        fun: Callable[..., Any],
+        fun: Callable[P, R],
         in_axes: Any,
         out_axes: Any,
         axis_name: Hashable | None,
@@ -106,7 +106,7 @@ class _VmapWrapper(TransformedFunction):
         self._name = function_name(fun)
         self._wraps(fun)
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         name, in_axes = self._name, self._in_axes
         if _is_spec(in_axes):
             axes = _expand_axes(in_axes, args, "in_axes", name, (jtu.SequenceKey(1),))
@@ -171,17 +171,39 @@ class _VmapWrapper(TransformedFunction):
                 out_leaves.append(next(it_b))
             else:
                 out_leaves.append(next(it_s))
-        return plan["treedef"].unflatten(out_leaves)
+        return plan["treedef"].unflatten(out_leaves)  # type: ignore[no-any-return]
+
+
+@overload
+def filter_vmap(
+    fun: Callable[P, R],
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+) -> Callable[P, R]: ...
+
+
+@overload
+def filter_vmap(
+    fun: None = None,
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def filter_vmap(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[P, R] | None = None,
     *,
     in_axes: Any = if_array(0),
     out_axes: Any = if_array(0),
     axis_name: Hashable | None = None,
     axis_size: int | None = None,
-) -> Any:
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Vectorise a function over the arrays of arbitrary pytrees, like `jax.vmap`.
 
     By default every array argument is mapped over its axis 0 and everything else (Python

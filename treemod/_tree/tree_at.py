@@ -7,7 +7,8 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from treemod._shapecheck.class_hooks import check_module_fields
+from treemod._shapecheck.checker import check_fields
+from treemod._tree.module_marker import check_descendants, is_module, static_field_names
 
 _SENTINEL = object()
 
@@ -31,7 +32,7 @@ def _one_level_keys(node: Any) -> tuple[list[str], list[Any], Any]:
 
 def _static_owner(node: Any) -> dict[int, str]:
     """Map ids of static-field values of a module to 'Class.field', for error messages."""
-    names = getattr(type(node), "__tm_static_fields__", ())
+    names = static_field_names(type(node))
     return {id(getattr(node, n)): f"{type(node).__qualname__}.{n}" for n in names}
 
 
@@ -147,14 +148,14 @@ def tree_at(
         if pos not in prefixes:
             return node
         children, treedef = _one_level(node)
-        # Below a module whose arrays carry an extra leading axis (`nn.Stack`), field
-        # annotations describe one slice, so rebuilt descendants are not checked.
-        inner_check = check and not getattr(type(node), "__tm_stacked_children__", False)
+        # A class may say its descendants do not match their annotations (`nn.Stack`: an
+        # extra leading axis on every array): rebuilt descendants are then not checked.
+        inner_check = check and check_descendants(node)
         new = treedef.unflatten(
             [rebuild(c, pos + (i,), inner_check) for i, c in enumerate(children)]
         )
-        if check and hasattr(type(new), "__tm_static_fields__"):  # a Module: shape checks
-            check_module_fields(new)
+        if check and is_module(new):
+            check_fields(new, constructing=False)
         return new
 
     return rebuild(pytree, (), True)

@@ -62,8 +62,9 @@ class Stack(Module):
         (6, (8, 8))
     """
 
-    # Tells `tree_at` that the arrays below carry the extra layer axis (not shape-checked).
-    __tm_stacked_children__: ClassVar[bool] = True
+    # The class-level hook `tree_at` consults: the arrays below carry the extra layer axis, so
+    # modules rebuilt below a Stack are not checked against their (one-layer) annotations.
+    __tm_check_descendants__: ClassVar[bool] = False
 
     layers: Any
     num_layers: int = field(static=True)
