@@ -146,6 +146,7 @@ class Reader:
                 f"{self.data_size} bytes of data (bytes were appended to the file)."
             )
         self.end = end
+        self.entries = entries
         self.metadata: dict[str, str] = meta
         marked = sorted(k for k in meta if k.startswith("treemod."))
         self.foreign = not marked
