@@ -11,8 +11,14 @@ import numpy as np
 
 from treemod._tree.filters import IS_ARRAY_TYPE
 
+__all__ = ["compare_trees", "tree_equal"]
 
-def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> Any:
+_NUMPY = (np.ndarray, np.generic)
+
+
+def _leaves_equal(
+    x: Any, y: Any, rtol: float, atol: float, typematch: bool, jax_scalars: bool
+) -> Any:
     if typematch and type(x) is not type(y):
         return False
     # Concrete arrays only: `jax.ShapeDtypeStruct` leaves have no values and compare with `==`.
@@ -25,7 +31,12 @@ def _leaves_equal(x: Any, y: Any, rtol: float, atol: float, typematch: bool) -> 
         return False
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # keys: equal bits, no tolerance
         x, y, rtol, atol = jax.random.key_data(x), jax.random.key_data(y), 0.0, 0.0
-    if isinstance(x, jax.core.Tracer) or isinstance(y, jax.core.Tracer):
+    jax_side = not (isinstance(x, _NUMPY) and isinstance(y, _NUMPY))
+    if (
+        isinstance(x, jax.core.Tracer)
+        or isinstance(y, jax.core.Tracer)
+        or (jax_scalars and jax_side)
+    ):
         if rtol == 0 and atol == 0:
             return jnp.all(x == y)
         return jnp.allclose(x, y, rtol=rtol, atol=atol)
@@ -58,6 +69,17 @@ def tree_equal(*pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: 
         >>> tm.tree_equal(jnp.ones(2), jnp.ones(2) + 1e-7, atol=1e-6)
         True
     """
+    return compare_trees(pytrees, typematch, rtol, atol, jax_scalars=False)
+
+
+def compare_trees(
+    pytrees: tuple[Any, ...], typematch: bool, rtol: float, atol: float, *, jax_scalars: bool
+) -> Any:
+    """`tree_equal`'s work; `jax_scalars=True` gives Equinox's result types.
+
+    With it, comparing JAX arrays gives a JAX boolean scalar even outside transforms (as
+    `equinox.tree_equal` does); NumPy-only comparisons and mismatches stay Python bools.
+    """
     if not pytrees:
         raise TypeError("tree_equal() needs at least one pytree to compare.")
     first, *rest = pytrees
@@ -68,7 +90,7 @@ def tree_equal(*pytrees: Any, typematch: bool = False, rtol: float = 0.0, atol: 
         if treedef != treedef0:  # type: ignore[operator]
             return False
         for x, y in zip(leaves0, leaves, strict=True):
-            eq = _leaves_equal(x, y, rtol, atol, typematch)
+            eq = _leaves_equal(x, y, rtol, atol, typematch, jax_scalars)
             if eq is False:
                 return False
             if eq is not True:

@@ -54,7 +54,6 @@ from treemod import (
     stateful,
     tree_at,
     tree_deserialise_leaves,
-    tree_equal,
     tree_pformat,
     tree_pprint,
     tree_serialise_leaves,
@@ -64,10 +63,15 @@ from treemod import (
 
 from . import debug as debug
 from . import nn as nn
+from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
 from ._module import Module
+from ._tree import tree_equal
 from .nn._inference import tree_inference
 
 __all__ = [
+    "EquinoxRuntimeError",
+    "EquinoxTracetimeError",
+    "RuntimeCheckError",
     "apply_updates",
     "combine",
     "filter",
