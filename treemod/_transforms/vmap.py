@@ -89,6 +89,34 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
     return axes
 
 
+def _named_axes(
+    fun: Callable[..., Any], in_axes: dict[str, Any], args: tuple, kwargs: dict, name: str
+) -> list[int | None]:
+    """Per-leaf axes from a dict `in_axes` keyed by parameter name (Equinox's form).
+
+    Positional arguments are named by the function's signature, keyword arguments by their
+    keyword; arguments the dict does not name get `if_array(0)`.
+    """
+    import inspect  # only this path needs it
+
+    remaining = dict(in_axes)
+    try:
+        params = list(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        params = []
+    positional = tuple(remaining.pop(p, if_array(0)) for p, _ in zip(params, args, strict=False))
+    positional += (if_array(0),) * (len(args) - len(positional))
+    keyword = {k: remaining.pop(k, if_array(0)) for k in kwargs}
+    if remaining:
+        raise ValueError(
+            f"filter_vmap({name}): in_axes names {sorted(remaining)}, which are not arguments "
+            f"of this call (positional parameters given: {params[: len(args)]}, keywords: "
+            f"{sorted(kwargs)}). Pass every named argument (defaults are not mapped)."
+        )
+    axes = _expand_axes(positional, args, "in_axes", name, (jtu.SequenceKey(1),))
+    return axes + _expand_axes(keyword, kwargs, "in_axes", name, (jtu.SequenceKey(2),))
+
+
 class _VmapWrapper(TransformedFunction[P, R]):
     def __init__(
         self,
@@ -108,7 +136,9 @@ class _VmapWrapper(TransformedFunction[P, R]):
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         name, in_axes = self._name, self._in_axes
-        if _is_spec(in_axes):
+        if isinstance(in_axes, dict):
+            axes = _named_axes(self._fun, in_axes, args, kwargs, name)
+        elif _is_spec(in_axes):
             axes = _expand_axes(in_axes, args, "in_axes", name, (jtu.SequenceKey(1),))
             axes += _expand_axes(in_axes, kwargs, "in_axes", name, (jtu.SequenceKey(2),))
         else:
@@ -215,7 +245,9 @@ def filter_vmap(
         fun: the function; omit it to use `filter_vmap(in_axes=...)` as a decorator.
         in_axes: an int, `None`, a callable of a leaf (such as `tm.if_array(1)`) for all
             arguments, or a tuple with one pytree prefix per positional argument, whose leaves
-            are such specs. Keyword arguments use `if_array(0)`.
+            are such specs. Keyword arguments use `if_array(0)`. Or a dict from parameter
+            names to such specs (Equinox's form; it names keyword arguments too); arguments
+            it does not name use `if_array(0)`.
         out_axes: the same for the output (a pytree prefix of it).
         axis_name: a name for the mapped axis, for collectives such as `jax.lax.psum`.
         axis_size: the batch size, needed when no argument is mapped.
