@@ -211,7 +211,16 @@ class AdaptiveAvgPool1d(AdaptiveAvgPool):
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels target"]:
-        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
+        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, length)`, or `(*batch, length, channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target)`, or `(*batch, target, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -236,7 +245,17 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_height target_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
+                channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target_height, target_width)`, or `(*batch, target_height,
+            target_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -261,7 +280,17 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_depth target_height target_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
+                width, channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target_depth, target_height, target_width)`, or `(*batch,
+            target_depth, target_height, target_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -283,7 +312,16 @@ class AdaptiveMaxPool1d(AdaptiveMaxPool):
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels target"]:
-        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`."""
+        """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, length)`, or `(*batch, length, channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target)`, or `(*batch, target, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -308,7 +346,17 @@ class AdaptiveMaxPool2d(AdaptiveMaxPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_height target_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
+                channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target_height, target_width)`, or `(*batch, target_height,
+            target_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -333,5 +381,15 @@ class AdaptiveMaxPool3d(AdaptiveMaxPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels target_depth target_height target_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
+                width, channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, target_depth, target_height, target_width)`, or `(*batch,
+            target_depth, target_height, target_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)

@@ -13,7 +13,6 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from . import init as _init
 from ._layout import (
     apply_image_layer,
@@ -211,14 +210,6 @@ class Conv(Module):
         n = self.num_spatial_dims
         return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
 
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.conv_fields(self, flip=False)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Conv:
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.conv_from_fields(self, fields, flip=False)
-
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last
         padding: Any = self.padding
@@ -294,7 +285,17 @@ class Conv1d(Conv):
     def __call__(
         self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
     ) -> Inexact[Array, "*batch out_channels new_length"]:
-        """Convolve `x` of shape `(*batch, in_channels, length)`."""
+        """Convolve `x` of shape `(*batch, in_channels, length)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, length)`, or `(*batch, length, in_channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_length)`, or `(*batch, new_length, out_channels)` if
+            `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -350,7 +351,17 @@ class Conv2d(Conv):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out_channels new_height new_width"]:
-        """Convolve `x` of shape `(*batch, in_channels, height, width)`."""
+        """Convolve `x` of shape `(*batch, in_channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, height, width)`, or `(*batch, height, width,
+                in_channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_height, new_width)`, or `(*batch, new_height, new_width,
+            out_channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -404,5 +415,15 @@ class Conv3d(Conv):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out_channels new_depth new_height new_width"]:
-        """Convolve `x` of shape `(*batch, in_channels, depth, height, width)`."""
+        """Convolve `x` of shape `(*batch, in_channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, depth, height, width)`, or `(*batch, depth, height,
+                width, in_channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
+            new_height, new_width, out_channels)` if `channels_last`.
+        """
         return super().__call__(x)

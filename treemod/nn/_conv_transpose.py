@@ -12,7 +12,6 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from . import init as _init
 from ._conv import _init_params, _padding
 from ._layout import (
@@ -166,14 +165,6 @@ class ConvTranspose(Module):
         n = self.num_spatial_dims
         return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
 
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.conv_fields(self, flip=True)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> ConvTranspose:
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.conv_from_fields(self, fields, flip=True)
-
     def _crops(self) -> list[tuple[int, int, int]]:
         """Per spatial dim: `(low, high, extra)`, what to crop from each end of the full output
         (the transposed convolution without padding) and what to add at its high end.
@@ -302,7 +293,17 @@ class ConvTranspose1d(ConvTranspose):
     def __call__(
         self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
     ) -> Inexact[Array, "*batch out_channels new_length"]:
-        """Apply to `x` of shape `(*batch, in_channels, length)`."""
+        """Apply to `x` of shape `(*batch, in_channels, length)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, length)`, or `(*batch, length, in_channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_length)`, or `(*batch, new_length, out_channels)` if
+            `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -360,7 +361,17 @@ class ConvTranspose2d(ConvTranspose):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out_channels new_height new_width"]:
-        """Apply to `x` of shape `(*batch, in_channels, height, width)`."""
+        """Apply to `x` of shape `(*batch, in_channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, height, width)`, or `(*batch, height, width,
+                in_channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_height, new_width)`, or `(*batch, new_height, new_width,
+            out_channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -418,5 +429,15 @@ class ConvTranspose3d(ConvTranspose):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out_channels new_depth new_height new_width"]:
-        """Apply to `x` of shape `(*batch, in_channels, depth, height, width)`."""
+        """Apply to `x` of shape `(*batch, in_channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, in_channels, depth, height, width)`, or `(*batch, depth, height,
+                width, in_channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, out_channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
+            new_height, new_width, out_channels)` if `channels_last`.
+        """
         return super().__call__(x)

@@ -129,5 +129,13 @@ class Identity(Module):
         pass
 
     def __call__(self, x: Any, *, key: PRNGKeyArray | None = None) -> Any:
-        """Return `x`."""
+        """Return `x`.
+
+        Arguments:
+            x: anything.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `x` itself.
+        """
         return x

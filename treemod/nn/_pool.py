@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +13,6 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
 from ._utils import as_tuple
 
@@ -113,14 +112,6 @@ class Pool(Module):
                     f"{name}: padding {self.padding} must be at most half the kernel size "
                     f"{self.kernel_size} (a window must never lie wholly in the padding)."
                 )
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this pool, for Equinox's checkpoint format."""
-        return _eqx.pool_fields(self, self.init)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Self:
-        """This pool (its `init` and `operation` are its configuration)."""
-        return self
 
     def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
         """Explicit padding per spatial dim, and the extra high padding that ceil mode adds."""
@@ -272,10 +263,6 @@ class AvgPool(Pool):
             channels_last=channels_last,
         )
 
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this pool: its `init` is the int `0`."""
-        return _eqx.pool_fields(self, 0)
-
     def _flat(self, x: Array) -> Array:
         y, pads, extra = self._reduce(x)
         if not any(extra):
@@ -317,7 +304,17 @@ class MaxPool1d(MaxPool):
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels new_length"]:
-        """Pool `x` of shape `(*batch, channels, length)`."""
+        """Pool `x` of shape `(*batch, channels, length)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, length)`, or `(*batch, length, channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_length)`, or `(*batch, new_length, channels)` if
+            `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -347,7 +344,17 @@ class MaxPool2d(MaxPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
+                channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_height, new_width)`, or `(*batch, new_height, new_width,
+            channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -377,7 +384,17 @@ class MaxPool3d(MaxPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
+                width, channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
+            new_height, new_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -402,7 +419,17 @@ class AvgPool1d(AvgPool):
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels new_length"]:
-        """Pool `x` of shape `(*batch, channels, length)`."""
+        """Pool `x` of shape `(*batch, channels, length)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, length)`, or `(*batch, length, channels)` if
+                `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_length)`, or `(*batch, new_length, channels)` if
+            `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -430,7 +457,17 @@ class AvgPool2d(AvgPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
+                channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_height, new_width)`, or `(*batch, new_height, new_width,
+            channels)` if `channels_last`.
+        """
         return super().__call__(x)
 
 
@@ -458,5 +495,15 @@ class AvgPool3d(AvgPool):
         *,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`."""
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
+                width, channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
+            new_height, new_width, channels)` if `channels_last`.
+        """
         return super().__call__(x)

@@ -92,5 +92,13 @@ class Lambda(Module):
     fn: Callable[..., Any] = field(static=True)
 
     def __call__(self, x: Any, *, key: PRNGKeyArray | None = None) -> Any:
-        """Return `fn(x)` (the key is ignored)."""
+        """Return `fn(x)`.
+
+        Arguments:
+            x: the argument of `fn`.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `fn(x)`.
+        """
         return self.fn(x)
