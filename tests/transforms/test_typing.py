@@ -17,8 +17,6 @@ import pytest
 
 mypy_api = pytest.importorskip("mypy.api")
 
-pytestmark = pytest.mark.slow
-
 
 _CACHE = Path(__file__).resolve().parents[2] / ".mypy_cache" / "typing-test"
 
