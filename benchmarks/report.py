@@ -3,9 +3,10 @@
     python -m benchmarks.report benchmarks/results/results.json [more.json ...] [--out DIR] [--docs]
 
 Several files (runs that measured different workloads or frameworks) are merged into one
-report, written with the merged `results.json` to `--out`. `--docs` also copies the charts to
-`docs/img/bench/` and replaces the generated part of `docs/benchmarks.md` (between the
-`<!-- results:begin -->` and `<!-- results:end -->` lines).
+report, written with the merged `results.json` to `--out`. `--docs` writes the charts to
+`docs/img/bench/` (the one copy the docs show) instead of `--out`, and replaces the generated
+part of `docs/benchmarks.md` (between the `<!-- results:begin -->` and `<!-- results:end -->`
+lines).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -460,31 +462,41 @@ def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
-def write(data: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write `results.md` and the charts into `out_dir`; return the paths."""
+def write(data: dict[str, Any], out_dir: Path, img_dir: Path | None = None) -> list[Path]:
+    """Write `results.md` into `out_dir` and the charts into `img_dir` (default: `out_dir`).
+
+    `results.md` links the charts by their path relative to `out_dir`. Return the paths written.
+    """
+    img_dir = out_dir if img_dir is None else img_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.md").write_text("# Benchmark results\n\n" + markdown(data))
-    return [out_dir / "results.md", *charts(data, out_dir)]
+    img_dir.mkdir(parents=True, exist_ok=True)
+    rel = os.path.relpath(img_dir.resolve(), out_dir.resolve())
+    prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+    md = "# Benchmark results\n\n" + markdown(data, img_prefix=prefix)
+    (out_dir / "results.md").write_text(md)
+    return [out_dir / "results.md", *charts(data, img_dir)]
 
 
-def update_docs(data: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Copy the charts to docs/img/bench and replace the generated part of docs/benchmarks.md."""
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for png in [*CHARTS, "import.png"]:
-        if (out_dir / png).exists():
-            shutil.copy(out_dir / png, DOCS_IMG / png)
-            copied.append(DOCS_IMG / png)
+def update_docs(data: dict[str, Any], img_dir: Path) -> list[Path]:
+    """Replace the generated part of docs/benchmarks.md; copy the charts from `img_dir` to
+    docs/img/bench unless they were written there (the one copy the docs show)."""
+    written = []
+    if img_dir.resolve() != DOCS_IMG.resolve():
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        for png in [*CHARTS, "import.png"]:
+            if (img_dir / png).exists():
+                shutil.copy(img_dir / png, DOCS_IMG / png)
+                written.append(DOCS_IMG / png)
     page = DOCS_PAGE.read_text()
     if BEGIN in page and END in page:
         head, rest = page.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
         body = markdown(data, img_prefix="img/bench/").replace("#### ", "### ")
         DOCS_PAGE.write_text(f"{head}{BEGIN}\n{body}{END}{tail}")
-        copied.append(DOCS_PAGE)
+        written.append(DOCS_PAGE)
     else:
         print(f"{DOCS_PAGE} has no {BEGIN} ... {END} markers: not updated", file=sys.stderr)
-    return copied
+    return written
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -599,9 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if len(docs) > 1:
         (out / "results.json").write_text(json.dumps(data, indent=1))
-    written = write(data, out)
+    img_dir = DOCS_IMG if args.docs else out  # the docs' charts: one copy, in docs/img/bench
+    written = write(data, out, img_dir)
     if args.docs:
-        written += update_docs(data, out)
+        written += update_docs(data, img_dir)
     print("wrote " + ", ".join(map(str, written)))
     return 0
 

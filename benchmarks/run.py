@@ -12,8 +12,9 @@ repeat and one process per framework (all workloads in it), as a smoke test.
 
 A run writes its results after every process; `--resume` continues an interrupted one.
 Results go to `DIR/results.json` (every measurement, the summary and the machine), a Markdown
-report `DIR/results.md` and PNG charts. A full run into the default directory also refreshes
-the tables and charts of `docs/benchmarks.md`.
+report `DIR/results.md` and PNG charts. A full run into the default directory
+(`benchmarks/results/`) also refreshes the tables of `docs/benchmarks.md`, and writes its charts
+to `docs/img/bench/` (the only copy) instead of beside the results.
 """
 
 from __future__ import annotations
@@ -363,9 +364,13 @@ def main(argv: list[str] | None = None) -> int:
 
     data["targets"] = report.targets(data)
     (out_dir / "results.json").write_text(json.dumps(data, indent=1))
-    written = report.write(data, out_dir)
-    if not args.quick and args.out is None and not args.no_docs:
-        written += report.update_docs(data, out_dir)
+    # A full run into the default directory refreshes the docs; its charts go straight to
+    # docs/img/bench (one copy). Other runs keep their charts beside their results.
+    docs = not args.quick and args.out is None and not args.no_docs
+    img_dir = report.DOCS_IMG if docs else out_dir
+    written = report.write(data, out_dir, img_dir)
+    if docs:
+        written += report.update_docs(data, img_dir)
     print(f"wrote {', '.join(str(p) for p in [out_dir / 'results.json', *written])}")
     for st in data["frameworks"].values():
         if st["status"] != "ok":

@@ -172,7 +172,7 @@ def test_layer_core_sees_batch_dims_flattened_to_rows(layer):
 
     Not cosmetic: XLA:CPU builds very large, depth-growing fusions for the backward pass of a
     Transformer whose LayerNorms work on rank-3 activations; on rows it does not (see
-    `benchmarks/results/experiments/layernorm_rank/`).
+    `benchmarks/experiments/layernorm_rank.py`).
     """
     top = jax.make_jaxpr(layer)(jnp.ones((2, 5, 8))).jaxpr
     assert [e.primitive.name for e in top.eqns] == ["reshape", "jit", "reshape"]
