@@ -1,12 +1,25 @@
-"""Test-wide JAX settings: strict promotion, warnings as errors, eight fake CPU devices."""
+"""Test-wide settings and shared fixtures.
+
+- JAX: strict dtype promotion, rank promotion raising, warnings as errors, eight fake CPU
+  devices, float32 matmuls at the highest precision.
+- Hypothesis: the `ci` profile (bounded examples, no deadline: the machines running the suite are
+  small and shared) unless `HYPOTHESIS_PROFILE` names another (`thorough`: 10x the examples).
+- Fixtures: `shape_checks_on` (checks on with typeguard for one test, the previous global setting
+  restored after it); `shape_checks_restored` (only the restoring).
+- Markers (registered in pyproject.toml): `slow`, tests that compile several libraries' models;
+  `make test` runs them.
+"""
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from collections.abc import Iterator  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -14,6 +27,34 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # precision lets them round inputs to TF32. Tests of treemod's own precision choices set theirs.
 jax.config.update("jax_default_matmul_precision", "highest")
 
+# Each example may compile: a deadline would fail a test on a busy machine, not a slow law.
+settings.register_profile(
+    "ci", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "error")
+
+
+@pytest.fixture
+def shape_checks_restored() -> Iterator[None]:
+    """Restore treemod's global shape-check setting (`tm.set_shape_checks`) after the test."""
+    import treemod as tm
+    from treemod._shapecheck.config import current
+
+    saved = current()
+    yield
+    tm.set_shape_checks(*saved)
+
+
+@pytest.fixture
+def shape_checks_on(shape_checks_restored: None) -> None:
+    """Shape checks on, with typeguard, for the test; the previous global setting after it."""
+    import treemod as tm
+
+    tm.set_shape_checks(True, checker="typeguard")

@@ -627,37 +627,3 @@ def test_converter_and_check_init_run_under_jit() -> None:
 
     out = jax.jit(lambda v: Pos(v))(jnp.array([-1.0, 2.0]))
     np.testing.assert_allclose(out.x, np.array([1.0, 2.0]))
-
-
-# --- the concepts page runs ----------------------------------------------------------------------
-
-
-def test_modules_concepts_page_runs(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import pathlib
-    import re
-    import sys
-    import types
-
-    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts" / "modules.md"
-    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.M | re.S)
-    assert len(blocks) >= 10
-    module = types.ModuleType("treemod_modules_page")  # importable, so its classes pickle
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    for block in blocks:
-        exec(compile(block, str(page), "exec"), module.__dict__)
-    out = capsys.readouterr().out.splitlines()
-    assert out[:3] == ["Linear(weight=f32[3,2], bias=f32[3])", "2", "[0. 0. 0.]"]
-    for expected in [
-        ".layers[1].bias (1,)",
-        ".layers[0]  Linear      12     48",
-        "total                   17     68",
-        "(5, 3, 2)",
-        "[0. 2.]",
-        "None (1, 4)",
-    ]:
-        assert expected in out
-    assert any(line.startswith("Cannot set Linear.bias: modules are immutable") for line in out)
-    assert any(line.startswith("Bad.table is a static field holding an array") for line in out)
-    assert out[out.index("(5, 3, 2)") + 2] == "2"  # traces of `apply`

@@ -14,7 +14,6 @@ from jaxtyping import Array, Float, Int, PyTree
 
 import treemod as tm
 from treemod._shapecheck import checker as _shapecheck
-from treemod._shapecheck.config import _GLOBAL
 
 # ---------------------------------------------------------------------------- test modules
 
@@ -117,12 +116,7 @@ def lin(out: int = 2, inp: int = 3) -> Linear:
     return Linear(jnp.ones((out, inp)), jnp.zeros(out))
 
 
-@pytest.fixture(autouse=True)
-def _checks_on():
-    saved = list(_GLOBAL)
-    tm.set_shape_checks(True, checker="typeguard")
-    yield
-    _GLOBAL[:] = saved
+pytestmark = pytest.mark.usefixtures("shape_checks_on")  # tests/conftest.py
 
 
 # ---------------------------------------------------------------------------- bad cases
@@ -591,9 +585,7 @@ def test_law_any_batch_shape_is_accepted(batch, n):
 
 
 def test_checks_run_only_while_tracing_under_filter_jit(monkeypatch):
-    filter_jit = getattr(tm, "filter_jit", None)
-    if filter_jit is None:
-        pytest.skip("treemod.filter_jit does not exist yet")
+    filter_jit = tm.filter_jit
     calls = []
     original = _shapecheck._check
 

@@ -23,13 +23,9 @@ class Vec(tm.Module):
 
 
 @pytest.fixture(autouse=True)
-def _restore():
-    saved_global = list(config._GLOBAL)
-    saved_verified = set(config._VERIFIED)
-    yield
-    config._GLOBAL[:] = saved_global
-    config._VERIFIED.clear()
-    config._VERIFIED.update(saved_verified)
+def _restore(shape_checks_restored: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The global setting comes back through tests/conftest.py; the verified checkers here.
+    monkeypatch.setattr(config, "_VERIFIED", set(config._VERIFIED))
 
 
 @pytest.mark.parametrize("checker", ["typeguard", "beartype"])
@@ -91,7 +87,7 @@ def test_a_broken_checker_chosen_by_environment_fails_at_the_first_check(monkeyp
     # As if TREEMOD_SHAPE_CHECKER=beartype had been set with a no-op beartype installed.
     config._VERIFIED.clear()
     monkeypatch.setitem(config.BACKENDS, "beartype", lambda name, value, annotation: "")
-    config._GLOBAL[:] = [True, "beartype"]
+    monkeypatch.setattr(config, "_GLOBAL", [True, "beartype"])
     with pytest.raises(tm.ShapeCheckerError, match="does not catch a known-bad"):
         Vec(jnp.ones(2))
 

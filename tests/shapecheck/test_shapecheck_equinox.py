@@ -6,7 +6,6 @@ from jaxtyping import Array, Float, jaxtyped
 from typeguard import typechecked
 
 import treemod as tm
-from treemod._shapecheck.config import _GLOBAL
 
 eqx = pytest.importorskip("equinox", reason="Equinox is not installed (the bench extra)")
 
@@ -46,12 +45,7 @@ class TmConverted(tm.Module):
     x: Float[Array, "3"] = tm.field(converter=lambda v: jnp.asarray(v, jnp.float32))
 
 
-@pytest.fixture(autouse=True)
-def _checks_on():
-    saved = list(_GLOBAL)
-    tm.set_shape_checks(True, checker="typeguard")
-    yield
-    _GLOBAL[:] = saved
+pytestmark = pytest.mark.usefixtures("shape_checks_on")  # tests/conftest.py
 
 
 def _caught(build) -> bool:

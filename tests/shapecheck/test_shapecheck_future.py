@@ -7,7 +7,6 @@ import pytest
 from jaxtyping import Array, Float
 
 import treemod as tm
-from treemod._shapecheck.config import _GLOBAL
 
 Vector = Float[Array, " n"]
 
@@ -32,12 +31,7 @@ class Typo(tm.Module):
     x: Floatt[Array, " n"]  # type: ignore[name-defined]  # noqa: F821
 
 
-@pytest.fixture(autouse=True)
-def _checks_on():
-    saved = list(_GLOBAL)
-    tm.set_shape_checks(True, checker="typeguard")
-    yield
-    _GLOBAL[:] = saved
+pytestmark = pytest.mark.usefixtures("shape_checks_on")  # tests/conftest.py
 
 
 def test_module_level_string_annotations_are_checked():

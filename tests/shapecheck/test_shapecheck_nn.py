@@ -6,25 +6,12 @@ import jax.numpy as jnp
 import pytest
 
 import treemod as tm
-
-nn = pytest.importorskip("treemod.nn")
-from treemod._shapecheck.config import _GLOBAL  # noqa: E402
+from treemod import nn
 
 KEY = jax.random.key(0)
 
 
-@pytest.fixture(autouse=True)
-def _checks_on():
-    saved = list(_GLOBAL)
-    tm.set_shape_checks(True, checker="typeguard")
-    yield
-    _GLOBAL[:] = saved
-
-
-def _need(name: str):
-    if not hasattr(nn, name):
-        pytest.skip(f"treemod.nn.{name} does not exist yet")
-    return getattr(nn, name)
+pytestmark = pytest.mark.usefixtures("shape_checks_on")  # tests/conftest.py
 
 
 # `nn.Linear.__call__` annotates `x: Float[Array, "*batch in"] | Float[Array, "*batch"]` (the
@@ -39,7 +26,7 @@ def _trace(fn):
 
 
 def test_linear_wrong_input_size_is_an_error_naming_linear_at_trace_time():
-    Linear = _need("Linear")
+    Linear = nn.Linear
     assert _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones((5, 3)))).shape == (5, 4)
     with pytest.raises(_LINEAR_ERRORS, match=r"^Linear\b.*\bx\b.*3"):
         _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones((5, 7))))
@@ -48,7 +35,7 @@ def test_linear_wrong_input_size_is_an_error_naming_linear_at_trace_time():
 
 
 def test_linear_fields_checked_by_tree_at():
-    Linear = _need("Linear")
+    Linear = nn.Linear
 
     def swap(where, value):
         return lambda: tm.tree_at(where, Linear(3, 4, key=KEY), value)
@@ -61,19 +48,21 @@ def test_linear_fields_checked_by_tree_at():
 
 
 def test_linear_wrong_dtype_input():
-    Linear = _need("Linear")
-    with pytest.raises(tm.ShapeCheckError, match=r"^Linear\.__call__ argument x: .*got i32\[3\]"):
-        _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones(3, jnp.int32)))
+    Linear = nn.Linear
+    # Integers are promoted as JAX promotes them (Equinox accepts them); booleans are refused.
+    assert _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones(3, jnp.int32))).dtype == jnp.float32
+    with pytest.raises(tm.ShapeCheckError, match=r"^Linear\.__call__ argument x: .*got bool\[3\]"):
+        _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones(3, jnp.bool_)))
 
 
 def test_mlp_names_the_inner_layer():
-    MLP = _need("MLP")
+    MLP = nn.MLP
     with pytest.raises(_LINEAR_ERRORS, match=r"^Linear\b.*\bx\b.*3"):
         _trace(lambda: MLP(3, 2, width_size=8, depth=2, key=KEY)(jnp.ones(5)))
 
 
 def test_conv2d_wrong_channels():
-    Conv2d = _need("Conv2d")
+    Conv2d = nn.Conv2d
     out = _trace(lambda: Conv2d(3, 8, kernel_size=3, key=KEY)(jnp.ones((3, 9, 9))))
     assert out.shape == (8, 7, 7)
     with pytest.raises((tm.ShapeCheckError, ValueError), match=r"^Conv2d"):
@@ -81,7 +70,7 @@ def test_conv2d_wrong_channels():
 
 
 def test_layers_under_vmap_and_checks_off():
-    Linear = _need("Linear")
+    Linear = nn.Linear
     assert _trace(lambda: jax.vmap(Linear(3, 4, key=KEY))(jnp.ones((6, 3)))).shape == (6, 4)
     with tm.shape_checks(False):
         assert _trace(lambda: Linear(3, 4, key=KEY)(jnp.ones(3))).shape == (4,)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
-import re
-import sys
-import types
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -117,36 +113,6 @@ def test_shard_with_prefix_and_errors() -> None:
     assert out["b"][0] is tree["b"][0]
     with pytest.raises(ValueError, match="filter_shard: device_or_shardings must be"):
         tm.filter_shard(tree, {"a": devices[0]})
-
-
-_DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "concepts"
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```\s*$", re.M | re.S)
-
-
-@pytest.mark.parametrize("page", ["transforms.md", "sharding.md"])
-def test_concept_page_code_runs(
-    page: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    text = (_DOCS / page).read_text()
-    module = types.ModuleType(f"docs_{page[:-3]}")
-    monkeypatch.setitem(sys.modules, module.__name__, module)  # dataclasses look it up
-    namespace = module.__dict__
-    expected_output = None
-    with jax.numpy_dtype_promotion("standard"):  # as users have it (optax mixes int and float)
-        for match in _FENCE.finditer(text):
-            language, body = match.groups()
-            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            if language == "text":
-                expected_output = body
-            if language != "python" or "<!-- skip -->" in before:
-                continue
-            exec(
-                compile(body, f"{page}:{text[: match.start()].count(chr(10)) + 1}", "exec"),
-                namespace,
-            )
-    printed = capsys.readouterr().out
-    if page == "transforms.md":
-        assert expected_output is not None and expected_output.strip() in printed
 
 
 def _host_stats(x: np.ndarray, names: tuple) -> dict:
