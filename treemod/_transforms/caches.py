@@ -1,0 +1,34 @@
+"""`clear_caches`: drop the compiled programs treemod keeps (Equinox's `clear_caches`)."""
+
+from __future__ import annotations
+
+from treemod._transforms.jit_cache import _SHARED
+
+__all__ = ["clear_caches"]
+
+
+def clear_caches() -> None:
+    """Forget every compiled version `filter_jit` keeps, so their memory can be freed.
+
+    The next call of each `filter_jit` function traces and compiles again (its trace count
+    goes on from where it was). JAX keeps caches of its own: call `jax.clear_caches()`
+    after this one to drop those too.
+
+    Returns:
+        Nothing.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> f = tm.filter_jit(lambda x: x + 1)
+        >>> _ = f(jnp.ones(2))
+        >>> tm.clear_caches(); jax.clear_caches()
+        >>> _ = f(jnp.ones(2))
+        >>> tm.debug.get_num_traces(f)
+        2
+    """
+    for per_target in list(_SHARED.values()):
+        for traces in per_target.values():
+            with traces.lock:
+                traces.cache.clear()
+                traces.lowerable.clear()
+    _SHARED.clear()

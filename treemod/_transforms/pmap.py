@@ -1,0 +1,182 @@
+"""`filter_pmap`: `jax.pmap` over the arrays of arbitrary pytrees (Equinox's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, Literal
+
+import jax
+import jax.tree_util as jtu
+
+from treemod._format.paths import function_name
+from treemod._transforms.leaves import merge_leaves, split_leaves
+from treemod._transforms.unhashable import unhashable_error
+from treemod._transforms.vmap import _expand_axes, _is_spec, _named_axes, if_array
+from treemod._transforms.wrapper import TransformedFunction
+from treemod._tree.filters import IS_ARRAY_TYPE
+
+__all__ = ["filter_pmap"]
+
+_DONATE = ("all", "warn", "none")
+
+
+class _PmapWrapper(TransformedFunction):
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        in_axes: Any,
+        out_axes: Any,
+        axis_name: Hashable | None,
+        axis_size: int | None,
+        donate: str,
+        pmap_kwargs: dict[str, Any],
+    ) -> None:
+        self._fun = fun
+        self._in_axes = in_axes
+        self._out_axes = out_axes
+        self._axis_name = axis_name
+        self._axis_size = axis_size
+        self._donate = donate
+        self._pmap_kwargs = pmap_kwargs
+        self._name = function_name(fun)
+        # (treedef, axes, static leaves) -> (the pmapped function, its output plan)
+        self._cache: dict[tuple, tuple[Callable[..., Any], dict[str, Any]]] = {}
+        self._wraps(fun)
+
+    def _axes(self, args: tuple, kwargs: dict) -> list[int | None]:
+        name, in_axes = self._name, self._in_axes
+        args_root, kwargs_root = (jtu.SequenceKey(1),), (jtu.SequenceKey(2),)
+        if isinstance(in_axes, dict):
+            return _named_axes(self._fun, in_axes, args, kwargs, name)
+        if _is_spec(in_axes):
+            return _expand_axes(in_axes, args, "in_axes", name, args_root) + _expand_axes(
+                in_axes, kwargs, "in_axes", name, kwargs_root
+            )
+        if not isinstance(in_axes, tuple) or len(in_axes) != len(args):
+            raise ValueError(
+                f"filter_pmap({name}): in_axes must be an axis spec, a dict of parameter names, "
+                f"or a tuple with one entry per positional argument ({len(args)} given); got "
+                f"{in_axes!r}."
+            )
+        return _expand_axes(in_axes, args, "in_axes", name, args_root) + _expand_axes(
+            if_array(0), kwargs, "in_axes", name, kwargs_root
+        )
+
+    def _compile(
+        self, treedef: Any, mask: tuple, axes: tuple, static: list, dynamic: list
+    ) -> tuple:
+        plan: dict[str, Any] = {}
+        fun, out_axes, name = self._fun, self._out_axes, self._name
+
+        def inner(dynamic: list) -> list:
+            args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
+            out = fun(*args, **kwargs)
+            leaves, out_def = jtu.tree_flatten(out)
+            out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
+            is_array = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
+            plan.update(treedef=out_def, is_array=is_array)
+            plan["axes"] = [a for a, arr in zip(out_ax, is_array, strict=True) if arr]
+            plan["static"] = [x for x, arr in zip(leaves, is_array, strict=True) if not arr]
+            return [x for x, arr in zip(leaves, is_array, strict=True) if arr]
+
+        dyn_axes = [a for a, m in zip(axes, mask, strict=True) if m]
+        # `out_axes` must be known before tracing: trace once abstractly to learn it.
+        probe = jax.vmap(
+            inner, in_axes=(dyn_axes,), axis_size=self._axis_size, axis_name=self._axis_name
+        )
+        jax.eval_shape(probe, dynamic)
+        pmapped = jax.pmap(
+            inner,
+            in_axes=(dyn_axes,),
+            out_axes=plan["axes"],
+            axis_name=self._axis_name,
+            axis_size=self._axis_size,
+            donate_argnums=(0,) if self._donate != "none" else (),
+            **self._pmap_kwargs,
+        )
+        return pmapped, plan
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        axes = self._axes(args, kwargs)
+        leaves, treedef = jtu.tree_flatten((args, kwargs))
+        mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
+        dynamic, static = split_leaves(leaves, mask)
+        if self._axis_size is None and not any(a is not None for a in axes):
+            raise ValueError(
+                f"filter_pmap({self._name}): no argument is mapped (no array leaf has an "
+                "integer in_axes). Pass axis_size=... or check in_axes."
+            )
+        key = (treedef, tuple(axes), tuple(static))
+        try:
+            entry = self._cache.get(key)
+        except TypeError:
+            error = unhashable_error("filter_pmap", self._fun, (args, kwargs))
+            if error is not None:
+                raise error from None
+            raise
+        if entry is None:
+            entry = self._compile(treedef, mask, tuple(axes), static, dynamic)
+            self._cache[key] = entry
+        pmapped, plan = entry
+        arrays = pmapped(dynamic)
+        it_a, it_s = iter(arrays), iter(plan["static"])
+        out = [next(it_a) if arr else next(it_s) for arr in plan["is_array"]]
+        return plan["treedef"].unflatten(out)
+
+
+def filter_pmap(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_axes: Any = if_array(0),
+    out_axes: Any = if_array(0),
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["all", "warn", "none"] = "none",
+    **pmap_kwargs: Any,
+) -> Any:
+    """`jax.pmap` for functions of any pytrees: arrays are split across devices, the rest static.
+
+    Axis specs are as for `filter_vmap` (an int, `None`, a callable of a leaf, a tuple per
+    positional argument, or a dict keyed by parameter name); arrays given `None` are sent whole
+    to every device. Non-array leaves are static: a new value compiles a new version. Outputs
+    may hold non-array leaves. Prefer `filter_jit` with sharding (`filter_shard`) in new code,
+    as JAX does for `jax.pmap`.
+
+    Arguments:
+        fun: the function; omit it to use `filter_pmap(...)` as a decorator.
+        in_axes: which axis of each input array is split over devices.
+        out_axes: where the device axis goes in each output array.
+        axis_name: a name for the device axis, for collectives such as `jax.lax.psum`.
+        axis_size: the number of devices, needed when no argument is mapped.
+        donate: `"all"` or `"warn"` lets XLA reuse the argument arrays' buffers.
+        **pmap_kwargs: passed on to `jax.pmap` (`devices=`, `backend=`).
+
+    Returns:
+        The parallelised function.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, treemod as tm
+        >>> f = tm.filter_pmap(lambda x, name: (x * 2, name), axis_size=1,
+        ...                    devices=jax.devices()[:1])
+        >>> f(jnp.ones((1, 3)), "twice")
+        (Array([[2., 2., 2.]], dtype=float32), 'twice')
+    """
+    if donate not in _DONATE:
+        raise ValueError(f"filter_pmap: donate must be one of {_DONATE}; got {donate!r}.")
+    for reserved in ("static_broadcasted_argnums", "donate_argnums"):
+        if reserved in pmap_kwargs:
+            raise ValueError(
+                f"filter_pmap: {reserved} is not accepted; non-array leaves are static already "
+                "and donation is chosen with donate=."
+            )
+    if fun is None:
+        return lambda f: filter_pmap(
+            f,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            axis_name=axis_name,
+            axis_size=axis_size,
+            donate=donate,
+            **pmap_kwargs,
+        )
+    return _PmapWrapper(fun, in_axes, out_axes, axis_name, axis_size, donate, pmap_kwargs)
