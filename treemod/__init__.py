@@ -18,6 +18,7 @@ from treemod._format.pretty import tree_pformat, tree_pprint, tree_summary
 from treemod._tree.apply_updates import apply_updates
 from treemod._tree.tree_at import tree_at
 from treemod._tree.tree_equal import tree_equal
+from treemod._tree.check import tree_check, tree_flatten_one_level
 
 # The Module core.
 from treemod._module.module import (
@@ -28,6 +29,7 @@ from treemod._module.module import (
     field,
 )
 from treemod._module.partial import Partial
+from treemod._module.enumeration import Enumeration
 
 # State.
 from treemod._module.state import State, is_param, is_state, stateful, update_state
@@ -53,6 +55,9 @@ from treemod._transforms.eval_shape import filter_eval_shape
 from treemod._transforms.jit import filter_jit
 from treemod._transforms.make_jaxpr import filter_make_jaxpr
 from treemod._transforms.shard import filter_shard
+from treemod._transforms.pmap import filter_pmap
+from treemod._transforms.closure_convert import filter_closure_convert
+from treemod._transforms.caches import clear_caches
 from treemod._transforms.vmap import filter_vmap, if_array
 
 # Shape checks.
@@ -90,13 +95,16 @@ __all__ = [
     "is_inexact_array_like",
     "partition",
     "tree_at",
+    "tree_check",
     "tree_equal",
+    "tree_flatten_one_level",
     "tree_pformat",
     "tree_pprint",
     "tree_summary",
     # The Module core.
     "AbstractClassVar",
     "AbstractVar",
+    "Enumeration",
     "FrozenModuleError",
     "Module",
     "Partial",
@@ -110,9 +118,11 @@ __all__ = [
     # Transforms.
     "RuntimeCheckError",
     "branched_error_if",
+    "clear_caches",
     "enable_compile_cache",
     "error_if",
     "filter_checkpoint",
+    "filter_closure_convert",
     "filter_custom_jvp",
     "filter_custom_vjp",
     "filter_eval_shape",
@@ -123,6 +133,7 @@ __all__ = [
     "filter_jit",
     "filter_jvp",
     "filter_make_jaxpr",
+    "filter_pmap",
     "filter_pure_callback",
     "filter_shard",
     "filter_value_and_grad",
