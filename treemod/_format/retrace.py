@@ -7,6 +7,7 @@ Used by `filter_jit` at trace time only (never per call). A trace signature is
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,13 +58,25 @@ def _paths(treedef: Any, fn_label: str) -> list[str]:
         return [f"leaf {i}" for i in range(treedef.num_leaves)]
 
 
+def _bits_equal(a: complex, b: complex) -> bool:
+    x, y = complex(a), complex(b)
+    return all(
+        u == v and math.copysign(1.0, u) == math.copysign(1.0, v)
+        for u, v in ((x.real, y.real), (x.imag, y.imag))
+    )
+
+
 class _Hole:
     __slots__ = ()
 
 
 def _same_static(a: Any, b: Any) -> bool:
+    """Equal as `filter_jit` keys them: floats by their bits (`0.0` is not `-0.0`, a NaN is
+    itself), everything else by `==`."""
     if type(a) is not type(b):
         return False
+    if isinstance(a, float | complex):
+        return repr(complex(a)) == repr(complex(b)) if a != a or b != b else _bits_equal(a, b)
     try:
         return bool(a == b)
     except Exception:

@@ -31,7 +31,14 @@ from treemod._shapecheck.annotations import (
     is_array_annotation,
     resolve_annotation,
 )
-from treemod._shapecheck.array_checker import array_checker
+from treemod._shapecheck.array_checker import (
+    array_checker,
+    cacheable_fields,
+    call_key,
+    call_plan,
+    remember,
+    return_key,
+)
 from treemod._shapecheck.config import (
     _OVERRIDE,
     BACKENDS,
@@ -52,7 +59,8 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
 
     The message names the module class and field (or the function and argument), the expected
     annotation with the dimension sizes bound so far and what bound them, and the value found.
-    It subclasses `jaxtyping.TypeCheckError` (a `TypeError`).
+    It subclasses `jaxtyping.TypeCheckError` (a `TypeError`). A note (shown in tracebacks, not
+    part of `str(error)`) says how to switch the checks off.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -67,7 +75,22 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
         Affine.bias: expected Float[Array, 'out'] with out=64 (bound by Affine.weight), got f32[32]
           reason: the size of dimension out is 32 which does not equal the existing value of 64
           other dimensions bound so far: in=32 (bound by Affine.weight)
+        >>> try:
+        ...     Affine(jnp.zeros((64, 32)), jnp.zeros(32))
+        ... except tm.ShapeCheckError as e:
+        ...     print(e.__notes__[0])
+        Shape checks can be switched off: treemod.set_shape_checks(False) ...
     """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.add_note(
+            "Shape checks can be switched off: treemod.set_shape_checks(False) (or "
+            "TREEMOD_SHAPE_CHECKS=0), `with treemod.shape_checks(False):` around a block, or "
+            "per class with `class Model(treemod.Module, shapecheck=False)`. Classes defined "
+            "against treemod.compat.equinox.Module (Equinox code) have them off unless they "
+            "pass shapecheck=True."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +110,10 @@ class _CallSpec:
     ret: _Entry | None
     is_method: bool  # the first parameter is `self`
     bind_fields: bool  # bind the dimensions of `self`'s fields first (not in `__init__`)
+    # The per-signature check cache (array_checker.call_key): where the checked arguments
+    # are (`None`: not cacheable), and the signatures that passed, with the dims they bound.
+    plan: tuple[tuple[str, int | None], ...] | None = None
+    passed: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _name(obj: Any) -> str:
@@ -160,7 +187,12 @@ def _analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) ->
         return False
     is_method = next(iter(signature.parameters), None) == "self"
     return _CallSpec(
-        signature, params, ret, is_method, is_method and getattr(fn, "__name__", "") != "__init__"
+        signature,
+        params,
+        ret,
+        is_method,
+        is_method and getattr(fn, "__name__", "") != "__init__",
+        call_plan(signature, params, ret),
     )
 
 
@@ -297,6 +329,9 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
     try:
         if spec is False:
             return fn(*args, **kwargs)
+        key = _signature_of(spec, owner, args, kwargs)
+        if key is not None and key in spec.passed:
+            return _call_seen(fn, spec, owner, key, args, kwargs, checker)
         try:
             bound = spec.signature.bind(*args, **kwargs)
         except TypeError:
@@ -315,15 +350,66 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
                     for label, value in _items(entry, bound.arguments[entry.name]):
                         who = f"argument {label}"
                         _check(entry, value, f"{where} {who}", who, binders, checker)
+            if key is not None:
+                single, variadic, _, _ = get_shape_memo()
+                remember(spec.passed, key, (dict(single), dict(variadic), dict(binders)))
             out = fn(*args, **kwargs)
             if spec.ret is not None:
                 _check(spec.ret, out, f"{where} return value", "return value", binders, checker)
+                out_key = None if key is None else return_key(key, out)
+                if out_key is not None:
+                    remember(spec.passed, out_key, None)
             return out
         finally:
             pop_shape_memo()
     finally:
         if token is not None:
             _OVERRIDE.reset(token)
+
+
+def _signature_of(spec: _CallSpec, owner: type | None, args: tuple, kwargs: dict) -> Any:
+    """The call's key in the per-signature check cache, or `None` (see `array_checker`)."""
+    if spec.plan is None:
+        return None
+    fields: tuple[str, ...] = ()
+    if owner is not None and spec.bind_fields:
+        names = cacheable_fields(owner, field_spec(owner))
+        if names is None:
+            return None
+        fields = names
+    return call_key(spec.plan, owner, fields, args, kwargs)
+
+
+def _call_seen(
+    fn: Callable[..., Any],
+    spec: _CallSpec,
+    owner: type | None,
+    key: Any,
+    args: tuple,
+    kwargs: dict,
+    checker: str,
+) -> Any:
+    """Call `fn` whose arguments have this signature and passed their checks before; check
+    the return value only if its own signature has not passed with them."""
+    out = fn(*args, **kwargs)
+    if spec.ret is None:
+        return out
+    out_key = return_key(key, out)
+    if out_key is not None and out_key in spec.passed:
+        return out
+    single, variadic, binders = spec.passed[key]
+    where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
+    push_shape_memo(spec.signature.bind(*args, **kwargs).arguments)
+    try:
+        memo = get_shape_memo()
+        memo[0].update(single)
+        memo[1].update(variadic)
+        _check(spec.ret, out, f"{where} return value", "return value", dict(binders), checker)
+    finally:
+        pop_shape_memo()
+    if out_key is not None:
+        remember(spec.passed, out_key, None)
+    return out
 
 
 def wrap_checked(
@@ -376,6 +462,7 @@ def shapecheck(obj: _T) -> _T:
         ...
         treemod._shapecheck.checker.ShapeCheckError: outer argument x: expected ...
           reason: this array has 2 dimensions, not the 1 expected by the type hint
+        Shape checks can be switched off: ...
     """
     if isinstance(obj, type):
         if not is_module_class(obj):

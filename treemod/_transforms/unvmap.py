@@ -11,7 +11,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Primitive
+
+# jax.extend.core's Primitive, imported from where it lives: `jax.extend` imports every one of
+# its submodules (Pallas among them), a quarter of `import treemod`'s time.
+from jax._src.core import Primitive
 from jax.interpreters import batching, mlir
 
 __all__ = ["unvmap_any"]

@@ -11,6 +11,7 @@ of batch dimensions.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -19,6 +20,15 @@ import jax.tree_util as jtu
 from jax import lax
 
 from treemod._transforms.jit import filter_jit
+from treemod._tree.filters import IS_ARRAY_TYPE
+
+try:  # whether no transform is tracing: eager layer calls take one compiled program
+    from jax._src.core import trace_state_clean as _eager
+except ImportError:  # pragma: no cover - a JAX without it keeps the nested path
+
+    def _eager() -> bool:
+        return False
+
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
 
@@ -89,16 +99,47 @@ def batch_apply(owner: str, method: Callable[..., Any], inputs: Sequence[Core]) 
     """
     batch = _batch_shape(owner, inputs)
     n = math.prod(batch)
+    ranks = tuple(None if dims is None else len(dims) for _, _, dims in inputs)
+    values = [x for _, x, _ in inputs]
+    arrays = all(x is None or IS_ARRAY_TYPE[type(x)] for x in values)
+    if arrays and type(method) is types.MethodType and _eager():
+        # An eager call: the reshapes, the core and the reshapes back are one compiled
+        # program (one dispatch instead of three), cached per layer and input signature.
+        return _eager_apply(method.__func__, method.__self__, batch, n, ranks, values)
+    args = _to_rows(batch, n, ranks, values)
+    out = filter_jit(method, explain_retraces=False)(*args)
+    return jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)
+
+
+def _to_rows(
+    batch: tuple[int, ...], n: int, ranks: tuple[int | None, ...], values: list[Any]
+) -> list[Any]:
+    """Each batched input with its batch dimensions flattened into one leading axis."""
     args: list[Any] = []
-    for _, x, dims in inputs:
-        if dims is None or x is None:
+    for rank, x in zip(ranks, values, strict=True):
+        if rank is None or x is None:
             args.append(x)
             continue
-        core_shape = tuple(jnp.shape(x))[jnp.ndim(x) - len(dims) :]
+        core_shape = tuple(jnp.shape(x))[jnp.ndim(x) - rank :]
         # `lax` reshapes bind one primitive, or none when the shape is already right.
-        if jnp.ndim(x) == len(dims):
+        if jnp.ndim(x) == rank:
             args.append(lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape))
         else:
             args.append(lax.reshape(x, (n,) + core_shape))
-    out = filter_jit(method, explain_retraces=False)(*args)
+    return args
+
+
+def _apply_rows(
+    func: Callable[..., Any],
+    layer: Any,
+    batch: tuple[int, ...],
+    n: int,
+    ranks: tuple[int | None, ...],
+    values: list[Any],
+) -> Any:
+    out = func(layer, *_to_rows(batch, n, ranks, values))
     return jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)
+
+
+_eager_apply = filter_jit(_apply_rows, explain_retraces=False)
+_eager_apply._traces.warn_at = None  # one cache for every layer: many versions are expected
