@@ -40,7 +40,13 @@ def api_html(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (docs / "index.md").write_text("# treemod API\n")
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     mkdocstrings = next(p["mkdocstrings"] for p in config["plugins"] if "mkdocstrings" in p)
-    mkdocstrings["handlers"]["python"]["paths"] = [str(ROOT)]
+    python = mkdocstrings["handlers"]["python"]
+    python["paths"] = [str(ROOT)]
+    # Extensions given as files are relative to mkdocs.yml: make them absolute here.
+    python["options"]["extensions"] = [
+        str(ROOT / e) if isinstance(e, str) and ".py" in e else e
+        for e in python["options"].get("extensions", [])
+    ]
     config.update(
         docs_dir=str(docs),
         site_dir=str(tmp / "site"),
@@ -154,3 +160,17 @@ def test_a_returns_section_is_one_row_holding_the_whole_text(
     assert len(rows) == 1, f"{name}: its Returns section is split into {len(rows)} rows"
     text = _squeeze(html.unescape(re.sub(r"<[^>]+>", " ", rows[0])))
     assert _returns_text(fn) in text
+
+
+def test_example_sections_render_as_code(api_html: dict[str, str]) -> None:
+    # `Example:` (the house heading) is read as Griffe's `Examples:` (docs/griffe_examples.py),
+    # so doctests are highlighted code, not `>>>` turned into nested Markdown quotes.
+    for name, page in api_html.items():
+        assert "<blockquote>" not in page, f"api/{name}: an example rendered as quotes"
+    # A field's default (Stack's `unroll = 1`) does not lend it `int`'s docstring.
+    assert "int('0b100', base=0)" not in api_html["nn"]
+    page = api_html["transforms"]
+    start = page.index('id="treemod.filter_jit"')
+    following = _HEADING.search(page, start + 1)
+    part = page[start : following.start() if following else len(page)]
+    assert "Examples:" in part and '<span class="gp">&gt;&gt;&gt; </span>' in part
