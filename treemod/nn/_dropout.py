@@ -5,9 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Num, PRNGKeyArray
 
 from treemod._module.module import Module
+
+from ._utils import promote_input
 
 __all__ = ["Dropout"]
 
@@ -42,16 +44,17 @@ class Dropout(Module):
 
     def __call__(
         self,
-        x: Float[Array, "*shape"],
+        x: Num[Array, "*shape"],
         *,
         key: PRNGKeyArray | None = None,
         inference: bool | None = None,
         deterministic: bool | None = None,
-    ) -> Float[Array, "*shape"]:
+    ) -> Num[Array, "*shape"]:
         """Apply dropout.
 
         Arguments:
-            x: any shape.
+            x: any shape; in training, integers are promoted to the default float dtype (in
+                inference the input is returned as it is).
             key: PRNG key for the mask; needed unless in inference mode or `p == 0`.
             inference: overrides the field for this call.
             deterministic: deprecated Equinox alias of `inference`.
@@ -72,6 +75,7 @@ class Dropout(Module):
                 "Dropout needs a `key` in training mode: call `dropout(x, key=key)`, or switch it "
                 "off with `inference=True` (or `treemod.nn.inference_mode(model)`)."
             )
+        x = promote_input(x)
         q = 1 - lax.stop_gradient(jnp.asarray(self.p, jnp.float32))
         keep = jax.random.bernoulli(key, q, jnp.shape(x))
         scaled = x / q.astype(x.dtype)

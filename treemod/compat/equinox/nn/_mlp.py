@@ -67,7 +67,7 @@ class MLP(_MLP):
         scan: bool = False,
         key: Any,
     ) -> None:
-        if not scan:
+        if not scan or depth == 0:
             super().__init__(
                 in_size,
                 out_size,
@@ -82,10 +82,10 @@ class MLP(_MLP):
             )
         else:
             require_key("MLP", key)
-            if not isinstance(width_size, int) or depth < 1:
+            if not isinstance(width_size, int):
                 raise ValueError(
-                    f"MLP(scan=True) needs one int width_size and depth >= 1; got "
-                    f"width_size={width_size!r}, depth={depth!r}."
+                    f"MLP(scan=True) stacks identical hidden layers, so width_size must be one "
+                    f"int; got {width_size!r}."
                 )
             keys = jax.random.split(key, depth + 1)
             hidden = jax.vmap(lambda k: Linear(width_size, width_size, use_bias, dtype, key=k))(
@@ -108,7 +108,7 @@ class MLP(_MLP):
 
     def __call__(self, x: Any, *, key: Any = None) -> Any:
         """Apply the MLP to `(in_size,)` (or `()` for a scalar input; batch axes also work)."""
-        if not self.scan:
+        if not self.scan or self.depth == 0:
             return super().__call__(x)
         first, hidden, last = self.layers
 
