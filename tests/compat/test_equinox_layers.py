@@ -1,0 +1,222 @@
+"""The compat namespace's layers against real Equinox: same key, same parameters, same outputs.
+
+Each case builds the layer with Equinox and with `treemod.compat.equinox` from the same
+arguments and key, then compares every array leaf exactly (Equinox's initialisation), the
+fields users read, and the outputs on the same inputs; gradients through `filter_jit` and
+`filter_grad` are compared too.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+
+import treemod.compat.equinox as teqx
+
+eqx = pytest.importorskip("equinox")
+
+K = jax.random.key(0)
+X = jax.random.key(1)
+
+
+def _arrays(tree: Any) -> list[Any]:
+    return [x for x in jtu.tree_leaves(tree) if isinstance(x, jax.Array)]
+
+
+def _normal(shape: tuple[int, ...], key: Any = X) -> jax.Array:
+    return jax.random.normal(key, shape)
+
+
+def _quiet(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Build with deprecation warnings silenced (both libraries warn about deprecated names)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make(*args, **kwargs)
+
+
+def _x3(m: Any) -> Any:
+    return m(_normal((3,)))
+
+
+# name -> (build(nn), call(layer) -> output)
+CASES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "Linear": (lambda nn: nn.Linear(3, 4, key=K), _x3),
+    "Linear-nobias": (
+        lambda nn: nn.Linear(3, 4, use_bias=False, key=K),
+        _x3,
+    ),
+    "Linear-scalar-in": (lambda nn: nn.Linear("scalar", 4, key=K), lambda m: m(jnp.array(0.5))),
+    "Linear-scalar-out": (lambda nn: nn.Linear(3, "scalar", key=K), _x3),
+    "MLP": (
+        lambda nn: nn.MLP(3, 2, 8, 3, activation=jax.nn.tanh, key=K),
+        _x3,
+    ),
+    "MLP-final": (
+        lambda nn: nn.MLP(
+            3, 2, 8, 2, final_activation=jax.nn.sigmoid, use_bias=False, use_final_bias=False, key=K
+        ),
+        _x3,
+    ),
+    "MLP-depth0": (lambda nn: nn.MLP(3, 2, 8, 0, key=K), _x3),
+    "MLP-scan": (lambda nn: nn.MLP(3, 2, 8, 4, scan=True, key=K), _x3),
+    "MLP-scan-depth1": (
+        lambda nn: nn.MLP(3, 2, 8, 1, scan=True, key=K),
+        _x3,
+    ),
+    "MLP-scan-depth0": (
+        lambda nn: nn.MLP(3, 2, 8, 0, scan=True, key=K),
+        _x3,
+    ),
+    "MLP-scalar": (lambda nn: nn.MLP("scalar", "scalar", 8, 2, key=K), lambda m: m(jnp.array(0.3))),
+    "Embedding": (lambda nn: nn.Embedding(10, 4, key=K), lambda m: m(jnp.array(7))),
+    "Embedding-weight": (
+        lambda nn: nn.Embedding(weight=jnp.arange(12.0).reshape(4, 3)),
+        lambda m: m(jnp.array(2)),
+    ),
+    "LayerNorm": (lambda nn: nn.LayerNorm(5), lambda m: m(_normal((5,)))),
+    "LayerNorm-shape": (lambda nn: nn.LayerNorm((2, 3), eps=1e-3), lambda m: m(_normal((2, 3)))),
+    "LayerNorm-noweight": (
+        lambda nn: nn.LayerNorm(5, use_weight=False),
+        lambda m: m(_normal((5,))),
+    ),
+    "LayerNorm-noaffine": (
+        lambda nn: _quiet(nn.LayerNorm, 5, elementwise_affine=False),
+        lambda m: m(_normal((5,))),
+    ),
+    "GroupNorm": (lambda nn: nn.GroupNorm(2, 4), lambda m: m(_normal((4, 6)))),
+    "GroupNorm-noaffine": (
+        lambda nn: nn.GroupNorm(2, 4, channelwise_affine=False),
+        lambda m: m(_normal((4, 3, 3))),
+    ),
+    "RMSNorm": (lambda nn: nn.RMSNorm(5), lambda m: m(_normal((5,)))),
+    "RMSNorm-nobias": (lambda nn: nn.RMSNorm(5, use_bias=False), lambda m: m(_normal((5,)))),
+    "Dropout": (lambda nn: nn.Dropout(0.3), lambda m: m(_normal((4, 5)), key=X)),
+    "Dropout-inference": (lambda nn: nn.Dropout(0.3, inference=True), lambda m: m(_normal((4,)))),
+    "Sequential": (
+        lambda nn: nn.Sequential(
+            [nn.Linear(3, 4, key=K), nn.Lambda(jax.nn.relu), nn.Dropout(0.5), nn.Identity()]
+        ),
+        lambda m: m(_normal((3,)), key=X),
+    ),
+    "Sequential-slice": (
+        lambda nn: nn.Sequential([nn.Linear(3, 4, key=K), nn.Lambda(jnp.tanh)])[1:],
+        _x3,
+    ),
+    "GRUCell": (lambda nn: nn.GRUCell(3, 4, key=K), lambda m: m(_normal((3,)), _normal((4,), K))),
+    "GRUCell-nobias": (
+        lambda nn: nn.GRUCell(3, 4, use_bias=False, key=K),
+        lambda m: m(_normal((3,)), _normal((4,), K)),
+    ),
+    "LSTMCell": (
+        lambda nn: nn.LSTMCell(3, 4, key=K),
+        lambda m: m(_normal((3,)), (_normal((4,), K), _normal((4,), X))),
+    ),
+    "MultiheadAttention": (
+        lambda nn: nn.MultiheadAttention(
+            2, 8, key_size=6, value_size=5, output_size=7, qk_size=3, vo_size=4, key=K
+        ),
+        lambda m: m(_normal((5, 8)), _normal((6, 6), K), _normal((6, 5), K)),
+    ),
+    "MultiheadAttention-bias": (
+        lambda nn: nn.MultiheadAttention(
+            4,
+            8,
+            use_query_bias=True,
+            use_key_bias=True,
+            use_value_bias=True,
+            use_output_bias=True,
+            key=K,
+        ),
+        lambda m: m(_normal((5, 8)), _normal((5, 8)), _normal((5, 8))),
+    ),
+    "RotaryPositionalEmbedding": (
+        lambda nn: nn.RotaryPositionalEmbedding(6, theta=500.0),
+        lambda m: m(_normal((4, 6))),
+    ),
+    "WeightNorm": (lambda nn: nn.WeightNorm(nn.Linear(3, 4, key=K)), _x3),
+    "WeightNorm-axisNone": (
+        lambda nn: nn.WeightNorm(nn.Linear(3, 4, key=K), axis=None),
+        _x3,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_layer_matches_equinox(name: str) -> None:
+    build, call = CASES[name]
+    ours, theirs = build(teqx.nn), build(eqx.nn)
+    mine, ref = _arrays(ours), _arrays(theirs)
+    assert len(mine) == len(ref)
+    for a, b in zip(mine, ref, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)  # Equinox's initialisation, exactly
+    got, expected = call(ours), call(theirs)
+    for a, b in zip(jtu.tree_leaves(got), jtu.tree_leaves(expected), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fields_users_read_have_equinox_names() -> None:
+    for name in ["Linear", "MLP", "LayerNorm", "GroupNorm", "GRUCell", "MultiheadAttention"]:
+        ours, theirs = CASES[name][0](teqx.nn), CASES[name][0](eqx.nn)
+        public = [f for f in vars(theirs) if not f.startswith("_")]
+        for field in public:
+            assert hasattr(ours, field), (name, field)
+    mlp = teqx.nn.MLP(3, 2, 8, 3, scan=True, key=K)
+    assert (mlp.use_bias, mlp.use_final_bias, mlp.scan) == (True, True, True)
+    assert len(mlp.layers) == 3 and mlp.layers[1].weight.shape == (2, 8, 8)
+
+
+def test_shared_matches_equinox() -> None:
+    def build(nn: Any) -> Any:
+        embedding = nn.Embedding(6, 4, key=K)
+        head = nn.Linear(4, 6, use_bias=False, key=X)
+        return nn.Shared((embedding, head), lambda p: p[1].weight, lambda p: p[0].weight)
+
+    ours, theirs = build(teqx.nn), build(eqx.nn)
+    (e1, h1), (e2, h2) = ours(), theirs()
+    np.testing.assert_array_equal(h1.weight, h2.weight)
+    np.testing.assert_array_equal(h1(e1(jnp.array(3))), h2(e2(jnp.array(3))))
+
+
+def test_gradients_through_filter_jit_match_equinox() -> None:
+    def build(nn: Any) -> Any:
+        return nn.Sequential(
+            [
+                nn.Linear(3, 8, key=K),
+                nn.LayerNorm(8),
+                nn.Lambda(jax.nn.gelu),
+                nn.MLP(8, 2, 8, 2, scan=True, key=X),
+            ]
+        )
+
+    x = _normal((5, 3))
+
+    def loss(model: Any) -> Any:
+        return jnp.sum(jax.vmap(model)(x) ** 2)
+
+    g1 = teqx.filter_jit(teqx.filter_grad(loss))(build(teqx.nn))
+    g2 = eqx.filter_jit(eqx.filter_grad(loss))(build(eqx.nn))
+    for a, b in zip(_arrays(g1), _arrays(g2), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_norm_layers_pass_a_state_through() -> None:
+    state = teqx.nn.make_with_state(teqx.nn.BatchNorm)(2, "b", mode="batch")[1]
+    x = _normal((2, 3))
+    for layer in (teqx.nn.LayerNorm((2, 3)), teqx.nn.GroupNorm(1, 2), teqx.nn.RMSNorm((2, 3))):
+        y, same = layer(x, state)
+        assert same is state
+        np.testing.assert_array_equal(y, layer(x))
+
+
+def test_mlp_scan_errors() -> None:
+    with pytest.raises(ValueError, match=r"scan=True.*width_size must be one int; got \(8, 4\)"):
+        teqx.nn.MLP(3, 2, (8, 4), 2, scan=True, key=K)
