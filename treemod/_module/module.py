@@ -143,14 +143,16 @@ def _abstract_kind(annotation: Any) -> str | None:
     return "classvar" if origin is AbstractClassVar else None
 
 
-def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
+def _make_tree_functions(
+    cls: type,
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """Generate flatten, flatten-with-keys and unflatten functions specialised to `cls`'s fields.
 
     The generated code has no loops and no introspection. Unflattening fills the new object's
     `__dict__` with one `update` call, in field order: this skips `__init__` and keeps attribute
     reads as fast as on a plain dataclass (item-by-item `__dict__` assignment slows them ~2x).
     """
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     dynamic = [f.name for f in fields if not f.metadata.get("static", False)]
     static = [f.name for f in fields if f.metadata.get("static", False)]
     local = {n: f"_c{i}" for i, n in enumerate(dynamic)}
@@ -185,7 +187,9 @@ def _make_tree_functions(cls: type) -> tuple[Callable, Callable, Callable]:
 class _ModuleMeta(abc.ABCMeta):
     """Turns every subclass into a dataclass and a pytree; runs the construction protocol."""
 
-    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> Any:
         install_class_checks(namespace, kwargs)  # shape checks: `shapecheck=`, wrap methods
         annotations = dict(namespace.get("__annotations__", {}))
         kinds = {k: _abstract_kind(v) for k, v in annotations.items()}
@@ -376,7 +380,7 @@ class Module(metaclass=_ModuleMeta):
             "Use `treemod.tree_at` to make a changed copy."
         )
 
-    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+    def __eq__(self, other: object) -> Any:
         return tree_equal(self, other)
 
     def __hash__(self) -> int:

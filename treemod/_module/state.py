@@ -200,7 +200,9 @@ def _record(frame: _Frame, state: State, value: Any) -> None:
     frame.updates[id(state)] = (state, value)
 
 
-def collect_state_updates(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, dict]:
+def collect_state_updates(
+    fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> tuple[Any, dict[Any, Any]]:
     """Run `fn` and return its output and the state updates it made, keyed by `id` of the node.
 
     The values are `{id(node): (node, new_value)}`. A layer that runs sublayers under its own
@@ -249,7 +251,7 @@ class _Stateful(Module):
     function: Callable[..., Any] | None = field(static=True)
 
     # Compared and hashed by identity, like the closure it stands for, so `jax.jit` accepts it.
-    def __eq__(self, other: object) -> bool:  # type: ignore[override]
+    def __eq__(self, other: object) -> bool:
         return self is other
 
     def __hash__(self) -> int:

@@ -70,10 +70,10 @@ class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's nam
         differentiable = [is_inexact_array(a) for a in arg_arrays]
 
         @jax.custom_jvp
-        def call(arg_arrays: list, kw_arrays: list) -> Any:
+        def call(arg_arrays: list[Any], kw_arrays: list[Any]) -> Any:
             return fn(*arg_split.rebuild(arg_arrays), **kw_split.rebuild(kw_arrays))
 
-        def jvp(primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+        def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
             arrays, kw = primals
             kept = [
                 None if not d or isinstance(t, SymbolicZero) else t

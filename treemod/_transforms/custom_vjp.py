@@ -79,27 +79,29 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
         out_def: list[Any] = []
 
-        def rebuild(d_leaves: list, dyn: list) -> tuple[Any, tuple, dict]:
+        def rebuild(
+            d_leaves: list[Any], dyn: list[Any]
+        ) -> tuple[Any, tuple[Any, ...], dict[Any, Any]]:
             rest_, a, k = split.rebuild(dyn)
             return combine(jtu.tree_unflatten(diff_def, d_leaves), rest_), a, k
 
-        def flat_out(out: Any) -> list:
+        def flat_out(out: Any) -> list[Any]:
             out_leaves, out_treedef = jtu.tree_flatten(out)
             out_def[:] = [out_treedef]
             return out_leaves
 
         @jax.custom_vjp
-        def primal(d_leaves: list, dyn: list) -> list:
+        def primal(d_leaves: list[Any], dyn: list[Any]) -> list[Any]:
             x, a, k = rebuild(d_leaves, dyn)
             return flat_out(fn(x, *a, **k))
 
-        def fwd(d_leaves: list, dyn: list) -> tuple[list, Any]:
+        def fwd(d_leaves: list[Any], dyn: list[Any]) -> tuple[list[Any], Any]:
             perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
             x, a, k = rebuild(d_leaves, dyn)
             out, residuals = fn_fwd(perturbed, x, *a, **k)
             return flat_out(out), (residuals, d_leaves, dyn)
 
-        def bwd(saved: tuple, cotangents: list) -> tuple[list, list]:
+        def bwd(saved: tuple[Any, ...], cotangents: list[Any]) -> tuple[list[Any], list[Any]]:
             residuals, d_leaves, dyn = saved
             perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
             x, a, k = rebuild(d_leaves, dyn)
@@ -117,7 +119,7 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         return jtu.tree_unflatten(out_def[0], out_leaves)  # type: ignore[no-any-return]
 
 
-def filter_like(grads: Any, diff: Any, name: str) -> list:
+def filter_like(grads: Any, diff: Any, name: str) -> list[Any]:
     """The gradient leaves at the differentiated positions of `diff` (`None` for missing)."""
     found: list[Any] = []
 

@@ -171,14 +171,15 @@ def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str, on_er
         if on_error == "raise":
             raise RuntimeCheckError(msgs[which])
         if on_error == "nan":
-            return jtu.tree_map(_nan_like, x)
+            return jtu.tree_map(_nan_like, x)  # type: ignore[no-any-return]
         print(f"{name}: {msgs[which]}")
         breakpoint()  # noqa: T100 - on_error="breakpoint" asks for exactly this
         return x
     pred, index = jnp.broadcast_arrays(pred, index)
     first = jnp.argmax(pred.ravel())  # the first true element (0 if none is)
     if on_error == "nan":
-        return jax.lax.cond(jnp.any(pred), lambda t: jtu.tree_map(_nan_like, t), lambda t: t, x)
+        nan_or_x = jax.lax.cond(jnp.any(pred), lambda t: jtu.tree_map(_nan_like, t), lambda t: t, x)
+        return nan_or_x  # type: ignore[no-any-return]
     if on_error == "breakpoint":
 
         def stop(which: Any) -> None:

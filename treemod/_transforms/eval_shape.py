@@ -40,7 +40,7 @@ def filter_eval_shape(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
     """
     dynamic, split = split_tree((fun, args, kwargs), is_abstract_array)
 
-    def inner(dyn: list) -> Any:
+    def inner(dyn: list[Any]) -> Any:
         f, a, k = split.rebuild(dyn)
         return pack_output(f(*a, **k))
 

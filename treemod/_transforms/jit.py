@@ -101,7 +101,7 @@ class _JitWrapper(TransformedFunction[P, R]):
         try:
             entry = self._cache[key]
         except KeyError:
-            return self._miss(key, mask, static, list(compress(leaves, mask)))
+            return self._miss(key, mask, static, list(compress(leaves, mask)))  # type: ignore[no-any-return]
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
@@ -143,7 +143,11 @@ class _JitWrapper(TransformedFunction[P, R]):
         return sum(mask[:n])
 
     def _miss(
-        self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...], dynamic: list
+        self,
+        key: tuple[Any, ...],
+        mask: tuple[bool, ...],
+        static: tuple[Any, ...],
+        dynamic: list[Any],
     ) -> Any:
         """Trace, compile and run a new version; publish it once it has run (thread-safe)."""
         traces = self._traces

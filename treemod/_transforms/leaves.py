@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 
-class _Kinds(dict):
+class _Kinds(dict[tuple[type, ...], tuple[int, tuple[bool, ...], tuple[bool, ...]]]):
     """Maps a tuple of leaf types to `(sig_id, mask, negated_mask)`.
 
     `sig_id` names the tuple with array types erased, so two calls share a compiled version
@@ -28,7 +28,9 @@ class _Kinds(dict):
         super().__init__()
         self.sig_ids: dict[tuple[Any, ...], int] = {}
 
-    def __missing__(self, leaf_types: tuple[type, ...]) -> tuple[int, tuple[bool, ...], tuple]:
+    def __missing__(
+        self, leaf_types: tuple[type, ...]
+    ) -> tuple[int, tuple[bool, ...], tuple[bool, ...]]:
         mask = tuple(IS_ARRAY_TYPE[t] for t in leaf_types)
         sig = tuple(None if m else t for m, t in zip(mask, leaf_types, strict=True))
         sig_id = self.sig_ids.setdefault(sig, len(self.sig_ids))
@@ -65,7 +67,9 @@ def _is_array_leaf(x: Any) -> bool:
 
 
 def split_tree(
-    tree: Any, keep: Callable[[Any], bool] = _is_array_leaf, is_leaf: Callable | None = None
+    tree: Any,
+    keep: Callable[[Any], bool] = _is_array_leaf,
+    is_leaf: Callable[..., Any] | None = None,
 ) -> tuple[list[Any], Split]:
     """The leaves of `tree` that `keep` selects (arrays by default), and the `Split` holding the
     rest, which rebuilds the tree from new kept leaves: the filtered transforms' one mechanism."""

@@ -47,7 +47,7 @@ def filter_make_jaxpr(fun: Callable[P, Any]) -> Callable[P, tuple[Any, Any, Any]
         dynamic, split = split_tree((args, kwargs), is_abstract_array)
         out_split: list[Split] = []
 
-        def inner(dyn: list) -> list[Any]:
+        def inner(dyn: list[Any]) -> list[Any]:
             a, k = split.rebuild(dyn)
             arrays, out = split_tree(fun(*a, **k), is_abstract_array)
             out_split.append(out)

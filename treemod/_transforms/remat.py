@@ -26,7 +26,7 @@ class _CheckpointWrapper(TransformedFunction[P, R]):
         dynamic, split = split_tree((self._fn_tree, args, kwargs))
         fun, call = self._fun, self._call
 
-        def inner(dyn: list) -> Any:
+        def inner(dyn: list[Any]) -> Any:
             fn_tree, a, k = split.rebuild(dyn)
             if call is not None:
                 out = call(fn_tree, *a, **k)

@@ -51,7 +51,7 @@ def unhashable_error(
     return None
 
 
-def _unhashable_node(node: Any, path: tuple) -> tuple[tuple, Any] | None:
+def _unhashable_node(node: Any, path: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any] | None:
     leaves, treedef = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if jtu.treedef_is_leaf(treedef):
         return None

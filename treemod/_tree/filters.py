@@ -30,7 +30,7 @@ _ARRAY_TYPES = (jax.Array, jax.core.Tracer, np.ndarray, np.generic)
 _ARRAY_OR_ABSTRACT_TYPES = (*_ARRAY_TYPES, jax.ShapeDtypeStruct)
 
 
-class _TypeIsArray(dict):
+class _TypeIsArray(dict[type, bool]):
     """Maps a type to whether its instances are arrays (of `kinds`); filled lazily.
 
     `map(IS_ARRAY_TYPE.__getitem__, map(type, leaves))` classifies a list of leaves at C speed,
@@ -132,7 +132,7 @@ def _with_predicate_leaves(
     A predicate may carry an `is_leaf` attribute of its own (`is_param` does: it looks at
     `State` nodes as a whole), so `filter(model, is_param)` needs no extra argument.
     """
-    own = getattr(predicate, "is_leaf", None)
+    own: Callable[[Any], bool] | None = getattr(predicate, "is_leaf", None)
     if own is None:
         return is_leaf
     if is_leaf is None:
