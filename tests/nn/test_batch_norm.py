@@ -244,7 +244,7 @@ def test_channel_mismatch_is_a_clear_error() -> None:
 
 
 def test_bad_constructor_arguments() -> None:
-    with pytest.raises(ValueError, match="BatchNorm: input_size must be a positive int"):
+    with pytest.raises(ValueError, match="BatchNorm: `input_size` must be a positive int"):
         nn.BatchNorm(0)
     with pytest.raises(ValueError, match=r"BatchNorm: momentum must be in \[0, 1\]"):
         nn.BatchNorm(3, momentum=1.5)

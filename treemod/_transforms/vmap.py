@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import re
 from collections.abc import Callable, Hashable
 from typing import Any, overload
 
@@ -117,6 +119,35 @@ def _named_axes(
     return axes + _expand_axes(keyword, kwargs, "in_axes", name, (jtu.SequenceKey(2),))
 
 
+def _name_arguments(
+    error: ValueError, fun: Callable[..., Any], name: str, tree: Any, mask: tuple[bool, ...]
+) -> ValueError:
+    """JAX's error with `dyn[i]` (treemod's list of mapped arrays) replaced by each array's
+    argument path (`args[1]`, `kwargs['x']`, with the parameter's name). Error path only."""
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    paths = []
+    for (path, _), mapped in zip(jtu.tree_flatten_with_path(tree)[0], mask, strict=True):
+        if mapped:
+            text = render_path((jtu.SequenceKey(path[0].idx + 1), *path[1:]))
+            if path[0].idx == 0 and len(path) > 1 and path[1].idx < len(params):
+                text += f" (parameter {params[path[1].idx]!r})"
+            paths.append(text)
+
+    def rename(match: re.Match[str]) -> str:
+        i = int(match.group(1))
+        return paths[i] if i < len(paths) else match.group(0)
+
+    message = re.sub(r"dyn\[(\d+)\]", rename, str(error))
+    return ValueError(f"filter_vmap({name}): {message}")
+
+
 class _VmapWrapper(TransformedFunction[P, R]):
     def __init__(
         self,
@@ -190,7 +221,12 @@ class _VmapWrapper(TransformedFunction[P, R]):
             axis_name=self._axis_name,
             axis_size=self._axis_size,
         )
-        mapped, bcast = vmapped(dynamic)
+        try:
+            mapped, bcast = vmapped(dynamic)
+        except ValueError as e:
+            if "dyn[" not in str(e):
+                raise
+            raise _name_arguments(e, self._fun, name, (args, kwargs), mask) from None
         it_m, it_b, it_s = iter(mapped), iter(bcast), iter(plan["static"])
         out_leaves = []
         for kind, axis in zip(plan["kinds"], plan["axes"], strict=True):

@@ -16,7 +16,35 @@ _SENTINEL = object()
 class _Marker:
     """A unique stand-in for one node of the tree, so `where` can point at it by identity."""
 
-    __slots__ = ()
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # protocol probes (`__array__`, ...): plainly absent
+            raise AttributeError(name)
+        raise _LeafUsed(self.path, f"`.{name}`")
+
+    def __getitem__(self, key: Any) -> Any:
+        raise _LeafUsed(self.path, f"`[{key!r}]`")
+
+
+class _LeafUsed(AttributeError):
+    """`where` computed with a leaf instead of returning it."""
+
+    def __init__(self, path: str, what: str):
+        super().__init__(path, what)
+        self.path, self.what = path, what
+
+
+def _computing(what: str) -> TypeError:
+    return TypeError(
+        f"tree_at: `where` {what}. `where` must return nodes of the tree, reached by attribute "
+        "and index access (e.g. `lambda m: m.weight`), without computing with them "
+        "(`.T`, arithmetic, method calls). Select the node and compute the new value in "
+        "`replace` or `replace_fn` (e.g. `replace_fn=lambda w: w.T`)."
+    )
 
 
 def _one_level(node: Any) -> tuple[list[Any], Any]:
@@ -76,7 +104,7 @@ def tree_at(
     def mark(node: Any, pos: tuple[int, ...], path: str) -> Any:
         paths[pos] = path
         if is_leaf is not None and is_leaf(node):
-            marked: Any = _Marker()
+            marked: Any = _Marker(path)
         else:
             keys, children, treedef = _one_level_keys(node)
             if (
@@ -84,7 +112,7 @@ def tree_at(
                 or (treedef.num_nodes == 1 and treedef.num_leaves == 1)
                 or (type(node) is tuple and not node)  # `()` is a singleton: no unique id
             ):
-                marked = _Marker()
+                marked = _Marker(path)
             else:
                 statics.update(_static_owner(node))
                 pairs = enumerate(zip(keys, children, strict=True))
@@ -93,7 +121,14 @@ def tree_at(
         return marked
 
     marked_tree = mark(pytree, (), "")
-    selected = where(marked_tree)
+    try:
+        selected = where(marked_tree)
+    except _LeafUsed as e:
+        raise _computing(f"used {e.what} on the leaf at {e.path or '(root)'}") from None
+    except (TypeError, AttributeError) as e:
+        if "_Marker" not in str(e):
+            raise
+        raise _computing("computed with a leaf of the tree") from None
     if id(selected) in positions:
         nodes, single = [selected], True
     elif isinstance(selected, tuple | list):

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from treemod._module.module import Module, field
 
 from ._layout import apply_image_layer, layer_name
-from ._utils import as_tuple
+from ._utils import as_tuple, check_size
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -70,6 +70,7 @@ class AdaptivePool(Module):
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
+        check_size(name, "num_spatial_dims", num_spatial_dims)
         self.target_shape = as_tuple(name, "target_shape", target_shape, num_spatial_dims)
         if any(t < 1 for t in self.target_shape):
             raise ValueError(f"{name}: `target_shape` must be positive; got {self.target_shape}.")

@@ -14,7 +14,7 @@ from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
 
 from . import _equinox_layout as _eqx
-from ._utils import default_dtype
+from ._utils import check_size, default_dtype
 
 __all__ = ["BatchNorm"]
 
@@ -117,11 +117,7 @@ class BatchNorm(Module):
         *,
         channels_last: bool = False,
     ) -> None:
-        if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
-            raise ValueError(
-                f"BatchNorm: input_size must be a positive int (the number of channels), got "
-                f"{input_size!r}."
-            )
+        check_size("BatchNorm", "input_size", input_size)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(
                 f"BatchNorm: momentum must be in [0, 1], got {momentum!r}. It is the weight of "

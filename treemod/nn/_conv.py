@@ -23,7 +23,7 @@ from ._layout import (
     spatial_shape,
     to_kernel_layout,
 )
-from ._utils import as_tuple, default_dtype, require_key
+from ._utils import as_tuple, check_size, default_dtype, require_key
 
 __all__ = [
     "Conv",
@@ -167,7 +167,10 @@ class Conv(Module):
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
-        n = num_spatial_dims
+        n = check_size(name, "num_spatial_dims", num_spatial_dims)
+        check_size(name, "in_channels", in_channels)
+        check_size(name, "out_channels", out_channels)
+        check_size(name, "groups", groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"{name}: `groups`={groups} must divide in_channels={in_channels} and "

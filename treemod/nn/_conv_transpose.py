@@ -23,7 +23,7 @@ from ._layout import (
     per_channel,
     spatial_shape,
 )
-from ._utils import as_tuple
+from ._utils import as_tuple, check_size
 
 __all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
@@ -108,7 +108,10 @@ class ConvTranspose(Module):
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
-        n = num_spatial_dims
+        n = check_size(name, "num_spatial_dims", num_spatial_dims)
+        check_size(name, "in_channels", in_channels)
+        check_size(name, "out_channels", out_channels)
+        check_size(name, "groups", groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"{name}: `groups`={groups} must divide in_channels={in_channels} and "
@@ -119,7 +122,7 @@ class ConvTranspose(Module):
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
         self.stride = as_tuple(name, "stride", stride, n)
         self.dilation = as_tuple(name, "dilation", dilation, n)
-        self.output_padding = as_tuple(name, "output_padding", output_padding, n)
+        self.output_padding = as_tuple(name, "output_padding", output_padding, n, minimum=0)
         for op, s, d in zip(self.output_padding, self.stride, self.dilation, strict=True):
             if op >= max(s, d):
                 raise ValueError(

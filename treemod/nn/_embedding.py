@@ -12,7 +12,7 @@ from jaxtyping import Array, Inexact, Integer, PRNGKeyArray
 from treemod._module.module import Module, field
 
 from . import init as _init
-from ._utils import default_dtype, require_key
+from ._utils import check_size, default_dtype, require_key
 
 __all__ = ["Embedding"]
 
@@ -58,6 +58,10 @@ class Embedding(Module):
         weight_init: _init.Initializer | None = None,
         key: PRNGKeyArray | None = None,
     ) -> None:
+        if num_embeddings is not None:
+            check_size("Embedding", "num_embeddings", num_embeddings)
+        if embedding_size is not None:
+            check_size("Embedding", "embedding_size", embedding_size)
         if weight is None:
             if num_embeddings is None or embedding_size is None:
                 raise ValueError(

@@ -6,13 +6,13 @@ import math
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Inexact, Num, PRNGKeyArray
+from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import default_dtype, lead, matmul_t, promote_input, require_key
+from ._utils import check_size, default_dtype, lead, matmul_t, require_key
 
 __all__ = ["Linear", "Identity"]
 
@@ -66,10 +66,8 @@ class Linear(Module):
     ) -> None:
         require_key("Linear", key)
         for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if v != "scalar" and (not isinstance(v, int) or v < 0):
-                raise ValueError(
-                    f"Linear: `{name}` must be a non-negative int or 'scalar'; got {v!r}."
-                )
+            if not (isinstance(v, str) and v == "scalar"):
+                check_size("Linear", name, v)
         dtype = default_dtype("Linear", dtype, complex_ok=True)
         n_in = 1 if in_features == "scalar" else int(in_features)
         n_out = 1 if out_features == "scalar" else int(out_features)
@@ -89,21 +87,19 @@ class Linear(Module):
 
     def __call__(
         self,
-        x: Num[Array, "*batch in"] | Num[Array, "*batch"],
+        x: Inexact[Array, "*batch in"] | Inexact[Array, "*batch"],
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out"] | Inexact[Array, "*batch"]:
         """Apply the layer.
 
         Arguments:
-            x: `(*batch, in_features)`, or `(*batch,)` when `in_features="scalar"`; integer
-                inputs are promoted to the weight's dtype, as JAX promotes them.
+            x: `(*batch, in_features)`, or `(*batch,)` when `in_features="scalar"`.
             key: ignored (for a uniform interface with layers that need one).
 
         Returns:
             `(*batch, out_features)`, or `(*batch,)` when `out_features="scalar"`.
         """
-        x = promote_input(x, self.weight.dtype)
         dims = () if self.in_features == "scalar" else (("in_features", self.in_features),)
         return batch_apply("Linear", self._flat, [Core("x", x, dims)])
 

@@ -6,13 +6,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Float, Num, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from . import init as _init
 from ._linear import Linear
-from ._utils import require_key
+from ._utils import check_size, require_key
 
 __all__ = ["MLP"]
 
@@ -72,6 +72,15 @@ class MLP(Module):
         key: PRNGKeyArray,
     ) -> None:
         require_key("MLP", key)
+        for name, v in (("in_size", in_size), ("out_size", out_size)):
+            if not (isinstance(v, str) and v == "scalar"):
+                check_size("MLP", name, v)
+        check_size("MLP", "depth", depth, minimum=0)
+        if isinstance(width_size, str) or not hasattr(width_size, "__iter__"):
+            check_size("MLP", "width_size", width_size)
+        elif isinstance(width_size, list | tuple):
+            for i, w in enumerate(width_size):
+                check_size("MLP", f"width_size[{i}]", w)
         if not isinstance(width_size, int):
             width_size = tuple(width_size)
             if len(width_size) != depth:
@@ -99,7 +108,7 @@ class MLP(Module):
         self.depth = depth
 
     def __call__(
-        self, x: Num[Array, "*batch in_size"] | Num[Array, "*batch"], *, key: Any = None
+        self, x: Float[Array, "*batch in_size"] | Float[Array, "*batch"], *, key: Any = None
     ) -> Float[Array, "*batch out_size"] | Float[Array, "*batch"]:
         """Apply the MLP to `(*batch, in_size)` (`(*batch,)` for a scalar input).
 

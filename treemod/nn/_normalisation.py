@@ -7,19 +7,21 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, Num, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
 from ._layout import apply_image_layer, per_channel
-from ._utils import compute_dtype, default_dtype, lead, promote_input
+from ._utils import check_size, compute_dtype, default_dtype, lead
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
 
-def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    return (shape,) if isinstance(shape, int) else tuple(shape)
+def _shape(owner: str, shape: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(shape, str) or not hasattr(shape, "__iter__"):
+        return (check_size(owner, "shape", shape),)
+    return tuple(check_size(owner, f"shape[{i}]", d) for i, d in enumerate(shape))
 
 
 class LayerNorm(Module):
@@ -65,7 +67,7 @@ class LayerNorm(Module):
         if elementwise_affine is not None:
             use_weight = use_bias = elementwise_affine
         dtype = default_dtype("LayerNorm", dtype)
-        self.shape = _shape(shape)
+        self.shape = _shape("LayerNorm", shape)
         self.eps = eps
         self.use_weight = use_weight
         self.use_bias = use_bias
@@ -73,18 +75,17 @@ class LayerNorm(Module):
         self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
 
     def __call__(
-        self, x: Num[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch_and_shape"]:
         """Normalise `x` of shape `(*batch, *shape)`.
 
         Arguments:
-            x: the input (integers are promoted to the parameters' dtype).
+            x: the input.
             key: ignored.
 
         Returns:
-            An array of the shape and (promoted) dtype of `x`.
+            An array of the shape and dtype of `x`.
         """
-        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
         return batch_apply("LayerNorm", self._flat, [Core("x", x, core)])
 
@@ -137,7 +138,7 @@ class RMSNorm(Module):
         dtype: Any = None,
     ) -> None:
         dtype = default_dtype("RMSNorm", dtype)
-        self.shape = _shape(shape)
+        self.shape = _shape("RMSNorm", shape)
         self.eps = eps
         self.use_weight = use_weight
         self.use_bias = use_bias
@@ -145,18 +146,17 @@ class RMSNorm(Module):
         self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
 
     def __call__(
-        self, x: Num[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch_and_shape"]:
         """Normalise `x` of shape `(*batch, *shape)`.
 
         Arguments:
-            x: the input (integers are promoted to the parameters' dtype).
+            x: the input.
             key: ignored.
 
         Returns:
-            An array of the shape and (promoted) dtype of `x`.
+            An array of the shape and dtype of `x`.
         """
-        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
         return batch_apply("RMSNorm", self._flat, [Core("x", x, core)])
 
@@ -223,6 +223,11 @@ class GroupNorm(Module):
         spatial_ndim: int | None = None,
         channels_last: bool = False,
     ) -> None:
+        check_size("GroupNorm", "groups", groups)
+        if channels is not None:
+            check_size("GroupNorm", "channels", channels)
+        if spatial_ndim is not None:
+            check_size("GroupNorm", "spatial_ndim", spatial_ndim, minimum=0)
         if channels is not None and channels % groups:
             raise ValueError(f"GroupNorm: groups={groups} must divide channels={channels}.")
         if channelwise_affine and channels is None:
@@ -240,7 +245,7 @@ class GroupNorm(Module):
         self.bias = jnp.zeros((channels,), dtype) if channelwise_affine else None
 
     def __call__(
-        self, x: Num[Array, "..."], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "..."]:
         """Normalise `x` of shape `(channels, *spatial)`, or `(*batch, channels, *spatial)`.
 
@@ -252,7 +257,6 @@ class GroupNorm(Module):
         Returns:
             An array of the shape and dtype of `x`.
         """
-        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
         n = max(spatial, 0)
         return apply_image_layer(self, self._flat, x, "channels", self.channels, n)

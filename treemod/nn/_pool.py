@@ -15,7 +15,7 @@ from treemod._module.module import Module, field
 
 from . import _equinox_layout as _eqx
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
-from ._utils import as_tuple
+from ._utils import as_tuple, check_size
 
 __all__ = [
     "AvgPool",
@@ -92,6 +92,7 @@ class Pool(Module):
         channels_last: bool = False,
     ) -> None:
         name = type(self).__name__
+        check_size(name, "num_spatial_dims", num_spatial_dims)
         if np.ndim(init) != 0 or not callable(operation):
             raise TypeError(
                 f"{name}: `init` must be a number and `operation` a binary function such as "

@@ -7,13 +7,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Num, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import default_dtype, lead, matmul_t, promote_input, require_key
+from ._utils import check_size, default_dtype, lead, matmul_t, require_key
 
 __all__ = ["GRUCell", "LSTMCell"]
 
@@ -31,6 +31,8 @@ def _params(
     extra_bias: bool,
 ) -> tuple[Array, Array, Array | None, Array | None]:
     require_key(owner, key)
+    check_size(owner, "input_size", input_size)
+    check_size(owner, "hidden_size", hidden_size)
     dtype = default_dtype(owner, dtype)
     bound = 1 / math.sqrt(hidden_size) if hidden_size > 0 else 0.0
     default = _init.uniform(-bound, bound)
@@ -107,7 +109,7 @@ class GRUCell(Module):
 
     def __call__(
         self,
-        input: Num[Array, "*batch input_size"],
+        input: Float[Array, "*batch input_size"],
         hidden: Float[Array, "*#batch hidden_size"],
         *,
         key: PRNGKeyArray | None = None,
@@ -122,7 +124,6 @@ class GRUCell(Module):
         Returns:
             The new hidden state, `(*batch, hidden_size)`.
         """
-        input = promote_input(input, self.weight_ih.dtype)
         inputs = [
             Core("input", input, (("input_size", self.input_size),)),
             Core("hidden", hidden, (("hidden_size", self.hidden_size),)),
@@ -204,7 +205,7 @@ class LSTMCell(Module):
 
     def __call__(
         self,
-        input: Num[Array, "*batch input_size"],
+        input: Float[Array, "*batch input_size"],
         hidden: tuple[Float[Array, "*#batch hidden_size"], Float[Array, "*#batch hidden_size"]],
         *,
         key: PRNGKeyArray | None = None,
@@ -224,7 +225,6 @@ class LSTMCell(Module):
                 "LSTMCell: `hidden` must be a pair (h, c) of arrays of shape (*batch, "
                 f"hidden_size); got {type(hidden).__name__}."
             )
-        input = promote_input(input, self.weight_ih.dtype)
         h, c = hidden
         dims = (("hidden_size", self.hidden_size),)
         inputs = [

@@ -6,12 +6,12 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Num, PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
-from ._utils import lead, promote_input
+from ._utils import check_size, lead
 
 __all__ = ["RotaryPositionalEmbedding"]
 
@@ -45,7 +45,8 @@ class RotaryPositionalEmbedding(Module):
     dtype: Any = field(static=True)
 
     def __init__(self, embedding_size: int, theta: float = 10_000.0, dtype: Any = None) -> None:
-        if embedding_size <= 0 or embedding_size % 2:
+        check_size("RotaryPositionalEmbedding", "embedding_size", embedding_size)
+        if embedding_size % 2:
             raise ValueError(
                 "RotaryPositionalEmbedding: `embedding_size` must be a positive even number; "
                 f"got {embedding_size}."
@@ -55,7 +56,7 @@ class RotaryPositionalEmbedding(Module):
         self.dtype = None if dtype is None else jnp.dtype(dtype)
 
     def __call__(
-        self, x: Num[Array, "*batch seq_length size"], *, key: PRNGKeyArray | None = None
+        self, x: Float[Array, "*batch seq_length size"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch seq_length size"]:
         """Encode positions `0 .. seq_length - 1` into `x`.
 
@@ -66,7 +67,6 @@ class RotaryPositionalEmbedding(Module):
         Returns:
             An array of the shape of `x`.
         """
-        x = promote_input(x, self.dtype)
         core = [Core("x", x, (("seq_length", None), ("embedding_size", self.embedding_size)))]
         return batch_apply("RotaryPositionalEmbedding", self._flat, core)
 

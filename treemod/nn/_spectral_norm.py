@@ -14,7 +14,7 @@ from treemod._module.state import State, in_stateful_call, update_state
 from treemod._tree.tree_at import tree_at
 
 from . import _equinox_layout as _eqx
-from ._utils import accepts_key
+from ._utils import accepts_key, check_size, require_key
 
 __all__ = ["SpectralNorm"]
 
@@ -84,10 +84,8 @@ class SpectralNorm(Module, Generic[_Layer]):
                 f"SpectralNorm: {type(layer).__name__}.{weight_name} must be an array of at "
                 f"least two dimensions; found {found}. Pass `weight_name=` the layer's weight."
             )
-        if num_power_iterations < 0:
-            raise ValueError(
-                f"SpectralNorm: `num_power_iterations` must be >= 0; got {num_power_iterations}."
-            )
+        check_size("SpectralNorm", "num_power_iterations", num_power_iterations, minimum=0)
+        require_key("SpectralNorm", key)
         matrix = jnp.reshape(weight, (weight.shape[0], -1))
         ukey, vkey = jax.random.split(key)
         u = jax.random.normal(ukey, (matrix.shape[0],), matrix.dtype)

@@ -16,7 +16,7 @@ from treemod._module.module import Module, field
 from treemod._module.state import State, collect_state_updates, is_state, update_state
 from treemod._tree.filters import combine, is_array, partition
 
-from ._utils import accepts_key, require_key
+from ._utils import accepts_key, check_size, require_key
 
 __all__ = ["Stack"]
 
@@ -79,8 +79,7 @@ class Stack(Module):
         unroll: int = 1,
     ) -> None:
         require_key("Stack", key)
-        if not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"Stack: `num_layers` must be a positive int; got {num_layers!r}.")
+        check_size("Stack", "num_layers", num_layers)
         static_box: list[Any] = []
 
         def make_arrays(k: PRNGKeyArray) -> Any:

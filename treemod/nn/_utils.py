@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -30,24 +31,44 @@ def default_dtype(owner: str, dtype: Any, complex_ok: bool = False) -> Any:
 
 
 def require_key(owner: str, key: Any) -> None:
-    """Raise a clear error when a layer constructor got no key."""
+    """Raise a clear error when a layer constructor got no key, or something else than a key."""
     if key is None:
         raise TypeError(
             f"{owner} needs a PRNG key to initialise its parameters: pass `key=jax.random.key(0)` "
             "(or a subkey, e.g. from `treemod.nn.KeySeq`)."
         )
-
-
-def as_tuple(owner: str, name: str, value: int | Sequence[int], n: int) -> tuple[int, ...]:
-    """Expand an int to an `n`-tuple, or check a sequence has length `n`."""
-    if isinstance(value, int):
-        return (value,) * n
-    value = tuple(value)
-    if len(value) != n or not all(isinstance(v, int) for v in value):
-        raise ValueError(
-            f"{owner}: `{name}` must be an int or a sequence of {n} ints; got {value}."
+    dtype = getattr(key, "dtype", None)
+    if dtype is None or not (
+        jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or dtype == np.uint32
+    ):
+        what = f"an array of dtype {dtype}" if dtype is not None else repr(key)
+        raise TypeError(
+            f"{owner}: `key` must be a PRNG key, got {what}. Pass `key=jax.random.key(0)` "
+            "(a seed becomes a key with jax.random.key(seed))."
         )
-    return value
+
+
+def check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
+    """`value` if it is an int >= `minimum` (a size); else a `ValueError` naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        want = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        hint = " (a bool is not a size)" if isinstance(value, bool | np.bool_) else ""
+        raise ValueError(f"{owner}: `{name}` must be {want}; got {value!r}{hint}.")
+    return int(value)
+
+
+def as_tuple(
+    owner: str, name: str, value: int | Sequence[int], n: int, minimum: int = 1
+) -> tuple[int, ...]:
+    """Expand an int to an `n`-tuple, or check a sequence has length `n` (ints >= `minimum`)."""
+    if isinstance(value, str) or not hasattr(value, "__iter__"):  # a size, or not one
+        return (check_size(owner, name, value, minimum),) * n
+    values = tuple(value)
+    if len(values) != n:
+        raise ValueError(
+            f"{owner}: `{name}` must be an int or a sequence of {n} ints; got {value!r}."
+        )
+    return tuple(check_size(owner, f"{name}[{i}]", v, minimum) for i, v in enumerate(values))
 
 
 @functools.cache
@@ -90,22 +111,6 @@ def matmul_t(x: Any, weight: Any) -> Any:
     if x.dtype != weight.dtype:
         return jnp.matmul(x, weight.T)
     return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
-
-
-def promote_input(x: Any, dtype: Any = None) -> Any:
-    """`x` with integer and boolean arrays cast to `dtype` (the default float dtype if `None`).
-
-    JAX's default promotion of an integer array against a float parameter: layers accept the
-    integer inputs Equinox accepts and compute in floating point. Floating and complex inputs
-    pass through unchanged.
-    """
-    dt = getattr(x, "dtype", None)
-    if dt is None:
-        x = jnp.asarray(x)
-        dt = x.dtype
-    if dt.kind in "iub":
-        return x.astype(jnp.result_type(float) if dtype is None else dtype)
-    return x
 
 
 def compute_dtype(dtype: Any) -> Any:

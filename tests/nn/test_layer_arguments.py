@@ -1,0 +1,126 @@
+"""Layer constructors refuse sizes that are not positive ints (bools, floats, zero, negatives)
+and keys that are not PRNG keys, naming the class and the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from treemod import nn
+
+K = jax.random.key(0)
+
+# (class name, argument as named in the error, a constructor taking that argument's value)
+SIZES: list[tuple[str, str, Callable[[Any], Any]]] = [
+    ("Linear", "in_features", lambda v: nn.Linear(v, 4, key=K)),
+    ("Linear", "out_features", lambda v: nn.Linear(3, v, key=K)),
+    ("MLP", "in_size", lambda v: nn.MLP(v, 2, 4, 1, key=K)),
+    ("MLP", "out_size", lambda v: nn.MLP(3, v, 4, 1, key=K)),
+    ("MLP", "width_size", lambda v: nn.MLP(3, 2, v, 1, key=K)),
+    ("Conv2d", "in_channels", lambda v: nn.Conv2d(v, 4, 3, key=K)),
+    ("Conv2d", "out_channels", lambda v: nn.Conv2d(2, v, 3, key=K)),
+    ("Conv2d", "kernel_size", lambda v: nn.Conv2d(2, 4, v, key=K)),
+    ("Conv2d", "kernel_size[1]", lambda v: nn.Conv2d(2, 4, (3, v), key=K)),
+    ("Conv1d", "stride", lambda v: nn.Conv1d(2, 4, 3, stride=v, key=K)),
+    ("Conv1d", "dilation", lambda v: nn.Conv1d(2, 4, 3, dilation=v, key=K)),
+    ("Conv1d", "groups", lambda v: nn.Conv1d(2, 4, 3, groups=v, key=K)),
+    ("Conv", "num_spatial_dims", lambda v: nn.Conv(v, 2, 4, 3, key=K)),
+    ("ConvTranspose1d", "in_channels", lambda v: nn.ConvTranspose1d(v, 4, 3, key=K)),
+    ("ConvTranspose1d", "kernel_size", lambda v: nn.ConvTranspose1d(2, 4, v, key=K)),
+    ("Embedding", "num_embeddings", lambda v: nn.Embedding(v, 3, key=K)),
+    ("Embedding", "embedding_size", lambda v: nn.Embedding(5, v, key=K)),
+    ("LayerNorm", "shape", lambda v: nn.LayerNorm(v)),
+    ("LayerNorm", "shape[1]", lambda v: nn.LayerNorm((3, v))),
+    ("RMSNorm", "shape", lambda v: nn.RMSNorm(v)),
+    ("GroupNorm", "groups", lambda v: nn.GroupNorm(v, 4)),
+    ("GroupNorm", "channels", lambda v: nn.GroupNorm(2, v)),
+    ("BatchNorm", "input_size", lambda v: nn.BatchNorm(v, "batch")),
+    ("MultiheadAttention", "num_heads", lambda v: nn.MultiheadAttention(v, 4, key=K)),
+    ("MultiheadAttention", "query_size", lambda v: nn.MultiheadAttention(2, v, key=K)),
+    ("MultiheadAttention", "qk_size", lambda v: nn.MultiheadAttention(2, 4, qk_size=v, key=K)),
+    ("GRUCell", "input_size", lambda v: nn.GRUCell(v, 4, key=K)),
+    ("LSTMCell", "hidden_size", lambda v: nn.LSTMCell(3, v, key=K)),
+    ("RotaryPositionalEmbedding", "embedding_size", lambda v: nn.RotaryPositionalEmbedding(v)),
+    ("MaxPool2d", "kernel_size", lambda v: nn.MaxPool2d(v)),
+    ("AvgPool1d", "stride", lambda v: nn.AvgPool1d(2, stride=v)),
+    ("AdaptiveAvgPool2d", "target_shape", lambda v: nn.AdaptiveAvgPool2d(v)),
+    ("Stack", "num_layers", lambda v: nn.Stack(lambda key: nn.Linear(2, 2, key=key), v, key=K)),
+]
+
+
+@pytest.mark.parametrize("owner, name, make", SIZES, ids=[f"{o}.{n}" for o, n, _ in SIZES])
+@pytest.mark.parametrize("bad", [True, False, 0, -2, 2.0, "3"], ids=repr)
+def test_sizes_must_be_positive_ints(owner: str, name: str, make: Callable, bad: Any) -> None:
+    with pytest.raises(ValueError) as e:
+        make(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{owner}: `{name}` must be a positive int; got {bad!r}")
+    if isinstance(bad, bool):
+        assert "a bool is not a size" in msg
+
+
+@pytest.mark.parametrize("owner, name, make", SIZES, ids=[f"{o}.{n}" for o, n, _ in SIZES])
+def test_valid_sizes_still_build(owner: str, name: str, make: Callable) -> None:
+    make(2)  # 2 is valid for every argument above (even sizes, divisors of 4)
+
+
+@pytest.mark.parametrize(
+    "owner, name, make, bad",
+    [
+        ("MLP", "depth", lambda v: nn.MLP(3, 2, 4, v, key=K), -1),
+        (
+            "ConvTranspose1d",
+            "output_padding",
+            lambda v: nn.ConvTranspose1d(2, 4, 3, stride=2, output_padding=v, key=K),
+            -1,
+        ),
+        ("GroupNorm", "spatial_ndim", lambda v: nn.GroupNorm(2, 4, spatial_ndim=v), True),
+        (
+            "SpectralNorm",
+            "num_power_iterations",
+            lambda v: nn.SpectralNorm(nn.Linear(3, 4, key=K), num_power_iterations=v, key=K),
+            1.0,
+        ),
+    ],
+)
+def test_sizes_that_may_be_zero(owner: str, name: str, make: Callable, bad: Any) -> None:
+    make(0)
+    with pytest.raises(ValueError, match=rf"^{owner}: `{name}` must be an int >= 0; got {bad!r}"):
+        make(bad)
+
+
+KEYED: list[tuple[str, Callable[[Any], Any]]] = [
+    ("Linear", lambda k: nn.Linear(3, 4, key=k)),
+    ("MLP", lambda k: nn.MLP(3, 2, 4, 1, key=k)),
+    ("Conv2d", lambda k: nn.Conv2d(2, 4, 3, key=k)),
+    ("ConvTranspose2d", lambda k: nn.ConvTranspose2d(2, 4, 3, key=k)),
+    ("Embedding", lambda k: nn.Embedding(5, 3, key=k)),
+    ("MultiheadAttention", lambda k: nn.MultiheadAttention(2, 4, key=k)),
+    ("GRUCell", lambda k: nn.GRUCell(3, 4, key=k)),
+    ("LSTMCell", lambda k: nn.LSTMCell(3, 4, key=k)),
+    ("Stack", lambda k: nn.Stack(lambda key: nn.Linear(2, 2, key=key), 2, key=k)),
+    ("SpectralNorm", lambda k: nn.SpectralNorm(nn.Linear(3, 4, key=K), key=k)),
+]
+
+
+@pytest.mark.parametrize("owner, make", KEYED, ids=[o for o, _ in KEYED])
+@pytest.mark.parametrize(
+    "bad", [0, 1.5, "seed", jnp.ones(2)], ids=["int", "float", "str", "f32[2]"]
+)
+def test_keys_must_be_prng_keys(owner: str, make: Callable, bad: Any) -> None:
+    with pytest.raises(TypeError) as e:
+        make(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{owner}: `key` must be a PRNG key") and "jax.random.key(" in msg
+
+
+@pytest.mark.parametrize("owner, make", KEYED, ids=[o for o, _ in KEYED])
+def test_both_kinds_of_key_still_work(owner: str, make: Callable) -> None:
+    a, b = make(jax.random.key(3)), make(jax.random.PRNGKey(3))  # typed and raw uint32 keys
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        assert jnp.array_equal(x, y)  # the same key gives the same parameters
