@@ -47,6 +47,7 @@ from treemod._transforms.derivatives import (
 )
 from treemod._transforms.pure_callback import filter_pure_callback
 from treemod._transforms.remat import filter_checkpoint
+from treemod._transforms.aot import LoadedCompiled, load_compiled, save_compiled
 from treemod._transforms.compile_cache import enable_compile_cache
 from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.custom_vjp import filter_custom_vjp
@@ -79,8 +80,21 @@ from treemod._saving.equinox_format import (
     tree_serialise_leaves,
 )
 
-# The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`.
-from . import nn as nn
+# The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`. It is
+# imported at the first `tm.nn` (a third of `import treemod`'s time), not here.
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from . import nn as nn
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module("treemod.nn")
+    raise AttributeError(f"module 'treemod' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
@@ -116,6 +130,7 @@ __all__ = [
     "stateful",
     "update_state",
     # Transforms.
+    "LoadedCompiled",
     "RuntimeCheckError",
     "branched_error_if",
     "clear_caches",
@@ -140,6 +155,8 @@ __all__ = [
     "filter_vjp",
     "filter_vmap",
     "if_array",
+    "load_compiled",
+    "save_compiled",
     # Shape checks.
     "ShapeCheckError",
     "ShapeCheckerError",
