@@ -55,3 +55,43 @@ def test_debug_namespace_matches_equinox() -> None:
     assert set(teqx.debug.__all__) >= {
         n for n in dir(eqx.debug) if not n.startswith("_") and n != "announce_transform"
     }
+
+
+class _Affine(teqx.Module):
+    w: jax.Array
+
+    def apply(self, x: jax.Array) -> jax.Array:
+        """Scale x."""
+        return self.w * x
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.apply(x)
+
+
+class _EqxAffine(eqx.Module):  # type: ignore[misc,name-defined]
+    w: jax.Array
+
+    def apply(self, x: jax.Array) -> jax.Array:
+        return self.w * x
+
+
+def test_bound_methods_are_pytrees_of_the_module_as_in_equinox() -> None:
+    ours, theirs = _Affine(jnp.arange(3.0)), _EqxAffine(jnp.arange(3.0))
+    ours_leaves = jax.tree_util.tree_leaves(ours.apply)
+    assert [np.asarray(x).tolist() for x in ours_leaves] == [
+        np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(theirs.apply)
+    ]
+    run = jax.jit(lambda method, x: method(x))  # the method crosses jit as a pytree
+    np.testing.assert_array_equal(run(ours.apply, jnp.ones(3)), run(theirs.apply, jnp.ones(3)))
+    assert ours.apply.__name__ == "apply" and ours.apply.__doc__ == "Scale x."
+    assert ours.apply == ours.apply and ours(jnp.ones(3)).tolist() == [0.0, 1.0, 2.0]
+    leaves, treedef = jax.tree_util.tree_flatten(ours.apply)
+    assert jax.tree_util.tree_unflatten(treedef, leaves)(jnp.ones(3)).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_filter_jit_of_a_bound_method_counts_its_own_traces() -> None:
+    model = _Affine(jnp.ones(()))
+    f = teqx.filter_jit(model.apply)
+    f(jnp.ones(2))
+    f(jnp.ones(3))
+    assert teqx.debug.get_num_traces(f) == 2

@@ -100,7 +100,7 @@ def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
     method), whose arrays are traced like arguments; `None` for plain functions. `call` is the
     function to call as `call(fn_tree, *args, **kwargs)`, or `None` to call `fn_tree` itself.
     """
-    if isinstance(fn, types.MethodType):
+    if isinstance(fn, types.MethodType) or getattr(type(fn), "__tm_bound_method__", False):
         owner = fn.__self__
         if jtu.treedef_is_leaf(jtu.tree_structure(owner)):
             return None, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from treemod._module.bound_method import bind_methods
 from treemod._module.module import Module as _Module
 
 __all__ = ["Module"]
@@ -20,6 +21,10 @@ _Meta: Any = type(_Module)
 
 
 class _CompatMeta(_Meta):
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
+
     def __instancecheck__(cls, instance: Any) -> bool:
         if cls is Module:
             return _Module in type(instance).__mro__

@@ -1,0 +1,101 @@
+"""Bound methods that are pytrees: `model.method` with `model` as its one child.
+
+Equinox makes `model.method` a pytree, so `jax.tree_util.tree_leaves(model.method)` gives the
+model's arrays and `jax.jit(run)(model.method)` traces them. `bind_methods` gives a class's
+plain functions that behaviour (the compat namespace's `Module` uses it); special methods
+(`__call__`, ...) stay ordinary, so calling a module costs nothing extra.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from treemod._module.bound_method import BoundMethod
+    >>> import treemod as tm
+    >>> class Scale(tm.Module):
+    ...     w: jax.Array
+    ...     def apply(self, x):
+    ...         return self.w * x
+    >>> bound = BoundMethod(Scale.apply, Scale(jnp.array(2.0)))
+    >>> jax.tree_util.tree_leaves(bound), bound(3.0)
+    ([Array(2., dtype=float32, weak_type=True)], Array(6., dtype=float32, weak_type=True))
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+__all__ = ["BoundMethod", "bind_methods"]
+
+
+class BoundMethod:
+    # A method bound to a module, as a pytree whose child is the module (`__self__`); its
+    # `__doc__`, `__name__` and `__qualname__` are the function's.
+    __slots__ = ("__func__", "__self__")
+    __tm_bound_method__ = True
+    __doc__ = property(lambda self: getattr(self.__func__, "__doc__", None))  # type: ignore[assignment]
+
+    def __init__(self, func: Callable[..., Any], obj: Any) -> None:
+        self.__func__ = func
+        self.__self__ = obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return types.MethodType(self.__func__, self.__self__)
+
+    def __getattr__(self, name: str) -> Any:  # `__name__`, `__qualname__`, ... of the function
+        if name in ("__func__", "__self__"):  # not set yet (while unpickling)
+            raise AttributeError(name)
+        return getattr(self.__func__, name)
+
+    def __eq__(self, other: object) -> Any:
+        if not isinstance(other, BoundMethod) or other.__func__ is not self.__func__:
+            return False
+        return self.__self__ == other.__self__
+
+    def __hash__(self) -> int:
+        return hash((self.__func__, self.__self__))
+
+    def __repr__(self) -> str:
+        name = getattr(self.__func__, "__qualname__", repr(self.__func__))
+        return f"<bound method {name} of {type(self.__self__).__qualname__}>"
+
+
+jtu.register_pytree_with_keys(
+    BoundMethod,
+    lambda b: (((jtu.GetAttrKey("__self__"), b.__self__),), b.__func__),
+    lambda func, children: BoundMethod(func, next(iter(children))),
+    flatten_func=lambda b: ((b.__self__,), b.__func__),
+)
+
+
+class _Method:
+    """A class-body function whose instance lookups give a `BoundMethod`."""
+
+    __slots__ = ("fn", "__dict__")
+
+    def __init__(self, fn: types.FunctionType) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)  # name, doc, `__isabstractmethod__`, ...
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self.fn
+        return BoundMethod(self.fn, instance)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # `Cls.__dict__[name](obj, ...)`
+        return self.fn(*args, **kwargs)
+
+
+def bind_methods(namespace: dict[str, Any]) -> None:
+    """Make the plain functions of a class body (not special methods) give `BoundMethod`s."""
+    for name, value in list(namespace.items()):
+        if isinstance(value, types.FunctionType) and not (
+            name.startswith("__") and name.endswith("__")
+        ):
+            namespace[name] = _Method(value)
