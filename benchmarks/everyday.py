@@ -14,7 +14,7 @@ Four measurements, each against Equinox and plain JAX in the same run where they
 
 Contenders alternate inside each round; each sample is the mean per-call time over a block of
 calls ending in `block_until_ready`; we report the median and range over rounds, and ratios of
-medians. Results go to one JSON file (`--json`, default benchmarks/results/everyday.json).
+medians. Results go to one JSON file (`--json`, default benchmarks/everyday.json).
 
     python -m benchmarks.everyday [--quick] [--only rewrap,eager,import,aot] [--json PATH]
 """
@@ -369,7 +369,7 @@ def main() -> None:
         help="workloads for the ahead-of-time measurement",
     )
     parser.add_argument("--repeats", type=int, default=3, help="new processes per AOT contender")
-    parser.add_argument("--json", default=str(ROOT / "benchmarks/results/everyday.json"))
+    parser.add_argument("--json", default=str(ROOT / "benchmarks/everyday.json"))
     parser.add_argument("--aot-child", nargs=3, metavar=("MODE", "WORKLOAD", "PATH"))
     args = parser.parse_args()
     if args.aot_child:
