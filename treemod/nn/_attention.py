@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
@@ -15,7 +15,7 @@ from . import init as _init
 from ._batching import Core, batch_apply
 from ._dropout import Dropout
 from ._linear import Linear
-from ._utils import check_size, compute_dtype, require_key
+from ._utils import check_size, compute_dtype, promote_input, require_key
 
 __all__ = ["MultiheadAttention"]
 
@@ -133,9 +133,9 @@ class MultiheadAttention(Module):
 
     def __call__(
         self,
-        query: Float[Array, "*batch q_seq query_size"],
-        key_: Float[Array, "*#batch kv_seq key_size"],
-        value: Float[Array, "*#batch kv_seq value_size"],
+        query: Num[Array, "*batch q_seq query_size"],
+        key_: Num[Array, "*#batch kv_seq key_size"],
+        value: Num[Array, "*#batch kv_seq value_size"],
         mask: Bool[Array, "..."] | None = None,
         *,
         key: PRNGKeyArray | None = None,
@@ -161,6 +161,8 @@ class MultiheadAttention(Module):
         Returns:
             `(*batch, q_seq, output_size)`.
         """
+        dtype = self.query_proj.weight.dtype
+        query, key_, value = (promote_input(a, dtype) for a in (query, key_, value))
         q_len = jnp.shape(query)[-2] if jnp.ndim(query) >= 2 else None
         kv_len = jnp.shape(key_)[-2] if jnp.ndim(key_) >= 2 else None
         inputs = [

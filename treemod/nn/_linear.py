@@ -6,13 +6,13 @@ import math
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Inexact, PRNGKeyArray
+from jaxtyping import Array, Inexact, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import check_size, default_dtype, lead, matmul_t, require_key
+from ._utils import check_size, default_dtype, lead, matmul_t, promote_input, require_key
 
 __all__ = ["Linear", "Identity"]
 
@@ -87,19 +87,21 @@ class Linear(Module):
 
     def __call__(
         self,
-        x: Inexact[Array, "*batch in"] | Inexact[Array, "*batch"],
+        x: Num[Array, "*batch in"] | Num[Array, "*batch"],
         *,
         key: PRNGKeyArray | None = None,
     ) -> Inexact[Array, "*batch out"] | Inexact[Array, "*batch"]:
         """Apply the layer.
 
         Arguments:
-            x: `(*batch, in_features)`, or `(*batch,)` when `in_features="scalar"`.
+            x: `(*batch, in_features)`, or `(*batch,)` when `in_features="scalar"`; integer
+                inputs are promoted to the weight's dtype, as JAX promotes them.
             key: ignored (for a uniform interface with layers that need one).
 
         Returns:
             `(*batch, out_features)`, or `(*batch,)` when `out_features="scalar"`.
         """
+        x = promote_input(x, self.weight.dtype)
         dims = () if self.in_features == "scalar" else (("in_features", self.in_features),)
         return batch_apply("Linear", self._flat, [Core("x", x, dims)])
 

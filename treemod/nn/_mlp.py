@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
@@ -108,7 +108,7 @@ class MLP(Module):
         self.depth = depth
 
     def __call__(
-        self, x: Float[Array, "*batch in_size"] | Float[Array, "*batch"], *, key: Any = None
+        self, x: Num[Array, "*batch in_size"] | Num[Array, "*batch"], *, key: Any = None
     ) -> Float[Array, "*batch out_size"] | Float[Array, "*batch"]:
         """Apply the MLP to `(*batch, in_size)` (`(*batch,)` for a scalar input).
 

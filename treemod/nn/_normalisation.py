@@ -7,13 +7,13 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
 from ._layout import apply_image_layer, per_channel
-from ._utils import check_size, compute_dtype, default_dtype, lead
+from ._utils import check_size, compute_dtype, default_dtype, lead, promote_input
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
@@ -75,17 +75,18 @@ class LayerNorm(Module):
         self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
 
     def __call__(
-        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+        self, x: Num[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch_and_shape"]:
         """Normalise `x` of shape `(*batch, *shape)`.
 
         Arguments:
-            x: the input.
+            x: the input (integers are promoted to the parameters' dtype).
             key: ignored.
 
         Returns:
-            An array of the shape and dtype of `x`.
+            An array of the shape and (promoted) dtype of `x`.
         """
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
         return batch_apply("LayerNorm", self._flat, [Core("x", x, core)])
 
@@ -146,17 +147,18 @@ class RMSNorm(Module):
         self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
 
     def __call__(
-        self, x: Float[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
+        self, x: Num[Array, "*batch_and_shape"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch_and_shape"]:
         """Normalise `x` of shape `(*batch, *shape)`.
 
         Arguments:
-            x: the input.
+            x: the input (integers are promoted to the parameters' dtype).
             key: ignored.
 
         Returns:
-            An array of the shape and dtype of `x`.
+            An array of the shape and (promoted) dtype of `x`.
         """
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         core = tuple((f"shape[{i}]", s) for i, s in enumerate(self.shape))
         return batch_apply("RMSNorm", self._flat, [Core("x", x, core)])
 
@@ -245,7 +247,7 @@ class GroupNorm(Module):
         self.bias = jnp.zeros((channels,), dtype) if channelwise_affine else None
 
     def __call__(
-        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
+        self, x: Num[Array, "..."], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "..."]:
         """Normalise `x` of shape `(channels, *spatial)`, or `(*batch, channels, *spatial)`.
 
@@ -257,6 +259,7 @@ class GroupNorm(Module):
         Returns:
             An array of the shape and dtype of `x`.
         """
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
         spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
         n = max(spatial, 0)
         return apply_image_layer(self, self._flat, x, "channels", self.channels, n)

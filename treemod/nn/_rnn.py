@@ -7,13 +7,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from . import init as _init
 from ._batching import Core, batch_apply
-from ._utils import check_size, default_dtype, lead, matmul_t, require_key
+from ._utils import check_size, default_dtype, lead, matmul_t, promote_input, require_key
 
 __all__ = ["GRUCell", "LSTMCell"]
 
@@ -109,7 +109,7 @@ class GRUCell(Module):
 
     def __call__(
         self,
-        input: Float[Array, "*batch input_size"],
+        input: Num[Array, "*batch input_size"],
         hidden: Float[Array, "*#batch hidden_size"],
         *,
         key: PRNGKeyArray | None = None,
@@ -124,6 +124,7 @@ class GRUCell(Module):
         Returns:
             The new hidden state, `(*batch, hidden_size)`.
         """
+        input = promote_input(input, self.weight_ih.dtype)
         inputs = [
             Core("input", input, (("input_size", self.input_size),)),
             Core("hidden", hidden, (("hidden_size", self.hidden_size),)),
@@ -205,7 +206,7 @@ class LSTMCell(Module):
 
     def __call__(
         self,
-        input: Float[Array, "*batch input_size"],
+        input: Num[Array, "*batch input_size"],
         hidden: tuple[Float[Array, "*#batch hidden_size"], Float[Array, "*#batch hidden_size"]],
         *,
         key: PRNGKeyArray | None = None,
@@ -225,6 +226,7 @@ class LSTMCell(Module):
                 "LSTMCell: `hidden` must be a pair (h, c) of arrays of shape (*batch, "
                 f"hidden_size); got {type(hidden).__name__}."
             )
+        input = promote_input(input, self.weight_ih.dtype)
         h, c = hidden
         dims = (("hidden_size", self.hidden_size),)
         inputs = [

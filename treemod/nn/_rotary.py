@@ -6,12 +6,12 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
-from ._utils import check_size, lead
+from ._utils import check_size, lead, promote_input
 
 __all__ = ["RotaryPositionalEmbedding"]
 
@@ -56,7 +56,7 @@ class RotaryPositionalEmbedding(Module):
         self.dtype = None if dtype is None else jnp.dtype(dtype)
 
     def __call__(
-        self, x: Float[Array, "*batch seq_length size"], *, key: PRNGKeyArray | None = None
+        self, x: Num[Array, "*batch seq_length size"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch seq_length size"]:
         """Encode positions `0 .. seq_length - 1` into `x`.
 
@@ -67,6 +67,7 @@ class RotaryPositionalEmbedding(Module):
         Returns:
             An array of the shape of `x`.
         """
+        x = promote_input(x, self.dtype)
         core = [Core("x", x, (("seq_length", None), ("embedding_size", self.embedding_size)))]
         return batch_apply("RotaryPositionalEmbedding", self._flat, core)
 

@@ -113,6 +113,22 @@ def matmul_t(x: Any, weight: Any) -> Any:
     return lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
 
 
+def promote_input(x: Any, dtype: Any = None) -> Any:
+    """`x` with integer and boolean arrays cast to `dtype` (the default float dtype if `None`).
+
+    JAX's default promotion of an integer array against a float parameter: layers accept the
+    integer inputs Equinox accepts and compute in floating point. Floating and complex inputs
+    pass through unchanged.
+    """
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        x = jnp.asarray(x)
+        dt = x.dtype
+    if dt.kind in "iub":
+        return x.astype(jnp.result_type(float) if dtype is None else dtype)
+    return x
+
+
 def compute_dtype(dtype: Any) -> Any:
     """The dtype to compute statistics in: at least float32 (without strict-promotion rules)."""
     return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else jnp.dtype(dtype)
