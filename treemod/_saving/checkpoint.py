@@ -2,7 +2,7 @@
 
 Each array leaf is stored under its key path (`jax.tree_util.keystr`, e.g. `.layers[0].weight`,
 `['opt'][0].mu`); `int`/`float`/`bool`/`complex`/`str` leaves are stored in the metadata under
-theirs. The file format lives in `_safetensors.py`.
+theirs. The file format is written by `safetensors_write.py` and read by `safetensors_read.py`.
 """
 
 from __future__ import annotations
