@@ -177,6 +177,11 @@ class ConvTranspose(Module):
         """This layer rebuilt from Equinox's fields."""
         return _eqx.conv_from_fields(self, fields, flip=True)
 
+    def _kernel(self) -> Array:
+        """The kernel the transposed convolution runs as a convolution with: the flipped weight."""
+        n = self.num_spatial_dims
+        return jnp.flip(self.weight, axis=kernel_spatial_axes(n, self.channels_last))
+
     def _crops(self) -> list[tuple[int, int, int]]:
         """Per spatial dim: `(low, high, extra)`, what to crop from each end of the full output
         (the transposed convolution without padding) and what to add at its high end.
@@ -219,7 +224,7 @@ class ConvTranspose(Module):
             (span, span + extra) if circular else (span - lo, span - hi + extra)
             for span, (lo, hi, extra) in zip(spans, crops, strict=True)
         ]
-        w = jnp.flip(self.weight, axis=kernel_spatial_axes(n, last))
+        w = self._kernel()
         y = lax.conv_general_dilated(
             x,
             w,

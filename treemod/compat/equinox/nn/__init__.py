@@ -6,26 +6,8 @@ Equinox's are replaced below by compat layers built over treemod's.
 
 from treemod.nn import (
     AdaptiveAvgPool,
-    AdaptiveAvgPool1d,
-    AdaptiveAvgPool2d,
-    AdaptiveAvgPool3d,
     AdaptiveMaxPool,
-    AdaptiveMaxPool1d,
-    AdaptiveMaxPool2d,
-    AdaptiveMaxPool3d,
-    AdaptivePool,
     AvgPool,
-    AvgPool1d,
-    AvgPool2d,
-    AvgPool3d,
-    Conv,
-    Conv1d,
-    Conv2d,
-    Conv3d,
-    ConvTranspose,
-    ConvTranspose1d,
-    ConvTranspose2d,
-    ConvTranspose3d,
     Dropout,
     Embedding,
     GRUCell,
@@ -34,11 +16,6 @@ from treemod.nn import (
     Linear,
     LSTMCell,
     MaxPool,
-    MaxPool1d,
-    MaxPool2d,
-    MaxPool3d,
-    Pool,
-    PReLU,
     RotaryPositionalEmbedding,
     Shared,
     Stack,
@@ -47,11 +24,38 @@ from treemod.nn import (
     split_like,
 )
 
+from ._activations import PReLU
 from ._attention import MultiheadAttention
 from ._batch_norm import BatchNorm
+from ._conv import (
+    Conv,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+)
 from ._inference import inference_mode
 from ._mlp import MLP
 from ._normalisation import GroupNorm, LayerNorm, RMSNorm
+from ._pool import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
+    AdaptivePool,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+    Pool,
+)
 from ._sequential import Lambda, Sequential
 from ._spectral_norm import SpectralNorm
 from ._stateful import State, StatefulLayer, StateIndex, delete_init_state, make_with_state
