@@ -45,7 +45,9 @@ def _describe_static(value: Any) -> str:
     return f"static value {short_repr(value)}"
 
 
-def _leaf_descriptions(mask: Sequence[bool], static: Sequence[Any], avals: Sequence[Any]) -> list:
+def _leaf_descriptions(
+    mask: Sequence[bool], static: Sequence[Any], avals: Sequence[Any]
+) -> list[Any]:
     it_s, it_a = iter(static), iter(avals)
     return [("array", next(it_a)) if m else ("static", next(it_s)) for m in mask]
 
@@ -118,10 +120,11 @@ def _node_name(treedef: Any) -> str:
     data = treedef.node_data()
     if data is None:
         return "a leaf"
-    return data[0].__qualname__
+    name: str = data[0].__qualname__
+    return name
 
 
-def _structure_diff(a: Any, b: Any, path: tuple, fn_label: str, out: list[str]) -> None:
+def _structure_diff(a: Any, b: Any, path: tuple[Any, ...], fn_label: str, out: list[str]) -> None:
     if a == b:
         return
     where = render_path(path, fn_label)

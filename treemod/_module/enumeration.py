@@ -43,12 +43,12 @@ class EnumerationItem(Module):
                 "`Sub.promote(item)` to compare with an item of a parent enumeration."
             )
 
-    def __eq__(self, other: object) -> Any:  # type: ignore[override]
+    def __eq__(self, other: object) -> Any:
         self._check_same(other)
         with jax.ensure_compile_time_eval():
             return jnp.asarray(self._value == other._value)  # type: ignore[attr-defined]
 
-    def __ne__(self, other: object) -> Any:  # type: ignore[override]
+    def __ne__(self, other: object) -> Any:
         self._check_same(other)
         with jax.ensure_compile_time_eval():
             return jnp.asarray(self._value != other._value)  # type: ignore[attr-defined]
@@ -153,7 +153,7 @@ class _EnumerationMeta(type):
             return "traced"
         value = np.asarray(value)
         if value.ndim == 0:
-            return cls._messages[int(value)]
+            return str(cls._messages[int(value)])
         return str(np.vectorize(cls._messages.__getitem__)(value))
 
     def __len__(cls) -> int:

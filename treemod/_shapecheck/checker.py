@@ -139,11 +139,11 @@ def _unresolved(what: str, annotation: Any, error: Exception) -> NameError:
 
 def field_spec(cls: type) -> tuple[_Entry, ...]:
     """The fields of `cls` that carry jaxtyping annotations (computed once, cached on `cls`)."""
-    spec = cls.__dict__.get("__tm_field_spec__")
+    spec: tuple[_Entry, ...] | None = cls.__dict__.get("__tm_field_spec__")
     if spec is not None:
         return spec
     entries = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         annotation = f.type
         if isinstance(annotation, str):
             owner = next(
@@ -202,7 +202,8 @@ def _analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) ->
 def _check_value(annotation: Any, value: Any, name: str, checker: str) -> str:
     """`""` if `value` matches (binding dimensions in the current memo), else a reason."""
     if is_array_annotation(annotation):
-        return type(annotation).__instancecheck_str__(annotation, value)  # type: ignore[attr-defined]
+        reason: str = type(annotation).__instancecheck_str__(annotation, value)
+        return reason
     if typing.get_origin(annotation) in _UNION_TYPES:
         reasons = []
         for member in typing.get_args(annotation):
@@ -235,7 +236,9 @@ def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str
     return ", ".join(f"{', '.join(items)} (bound by {who})" for who, items in groups)
 
 
-def _check(entry: _Entry, value: Any, where: str, who: str, binders: dict, checker: str) -> None:
+def _check(
+    entry: _Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str
+) -> None:
     if entry.fast is not None and entry.fast(value):
         reason = ""
     else:
@@ -270,7 +273,12 @@ def _is_placeholder(value: Any) -> bool:
 
 
 def _check_fields_into(
-    module: Any, spec: tuple[_Entry, ...], binders: dict, checker: str, strict: bool, suffix: str
+    module: Any,
+    spec: tuple[_Entry, ...],
+    binders: dict[Any, Any],
+    checker: str,
+    strict: bool,
+    suffix: str,
 ) -> None:
     owner = _name(type(module))
     values = module.__dict__
@@ -312,7 +320,9 @@ def _items(entry: _Entry, value: Any) -> list[tuple[str, Any]]:
     return [(entry.name, value)]
 
 
-def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwargs: dict) -> Any:
+def run_checked_call(
+    fn: Callable[..., Any], state: list[Any], args: tuple[Any, ...], kwargs: dict[Any, Any]
+) -> Any:
     """Call `fn`, checking its annotated arguments and return value (`wrap_checked`'s calls)."""
     spec = state[0]
     force = state[1]
@@ -367,7 +377,9 @@ def run_checked_call(fn: Callable[..., Any], state: list[Any], args: tuple, kwar
             _OVERRIDE.reset(token)
 
 
-def _signature_of(spec: _CallSpec, owner: type | None, args: tuple, kwargs: dict) -> Any:
+def _signature_of(
+    spec: _CallSpec, owner: type | None, args: tuple[Any, ...], kwargs: dict[Any, Any]
+) -> Any:
     """The call's key in the per-signature check cache, or `None` (see `array_checker`)."""
     if spec.plan is None:
         return None
@@ -385,8 +397,8 @@ def _call_seen(
     spec: _CallSpec,
     owner: type | None,
     key: Any,
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[Any, Any],
     checker: str,
 ) -> Any:
     """Call `fn` whose arguments have this signature and passed their checks before; check

@@ -20,7 +20,7 @@ __all__ = ["filter_pmap"]
 _DONATE = ("all", "warn", "none")
 
 
-class _PmapWrapper(TransformedFunction):
+class _PmapWrapper(TransformedFunction[..., Any]):
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -40,10 +40,10 @@ class _PmapWrapper(TransformedFunction):
         self._pmap_kwargs = pmap_kwargs
         self._name = function_name(fun)
         # (treedef, axes, static leaves) -> (the pmapped function, its output plan)
-        self._cache: dict[tuple, tuple[Callable[..., Any], dict[str, Any]]] = {}
+        self._cache: dict[tuple[Any, ...], tuple[Callable[..., Any], dict[str, Any]]] = {}
         self._wraps(fun)
 
-    def _axes(self, args: tuple, kwargs: dict) -> list[int | None]:
+    def _axes(self, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> list[int | None]:
         name, in_axes = self._name, self._in_axes
         args_root, kwargs_root = (jtu.SequenceKey(1),), (jtu.SequenceKey(2),)
         if isinstance(in_axes, dict):
@@ -63,12 +63,17 @@ class _PmapWrapper(TransformedFunction):
         )
 
     def _compile(
-        self, treedef: Any, mask: tuple, axes: tuple, static: list, dynamic: list
-    ) -> tuple:
+        self,
+        treedef: Any,
+        mask: tuple[Any, ...],
+        axes: tuple[Any, ...],
+        static: list[Any],
+        dynamic: list[Any],
+    ) -> tuple[Any, ...]:
         plan: dict[str, Any] = {}
         fun, out_axes, name = self._fun, self._out_axes, self._name
 
-        def inner(dynamic: list) -> list:
+        def inner(dynamic: list[Any]) -> list[Any]:
             args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
             out = fun(*args, **kwargs)
             leaves, out_def = jtu.tree_flatten(out)

@@ -30,7 +30,7 @@ def _abstract_eval(x: Any) -> Any:
     return jax.core.ShapedArray((), jnp.bool_)
 
 
-def _batch(args: tuple, dims: tuple) -> tuple[Any, Any]:
+def _batch(args: tuple[Any, ...], dims: tuple[Any, ...]) -> tuple[Any, Any]:
     (x,) = args
     return _unvmap_any_p.bind(x), None  # the result is not batched
 
