@@ -95,3 +95,31 @@ def test_filter_jit_of_a_bound_method_counts_its_own_traces() -> None:
     f(jnp.ones(2))
     f(jnp.ones(3))
     assert teqx.debug.get_num_traces(f) == 2
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"w": jnp.zeros((2, 3)), "n": np.arange(2), "s": "relu"},
+        [jnp.asarray(1.0) * 2, jax.ShapeDtypeStruct((2,), jnp.float32)],
+        list(range(30)),
+        (jnp.ones(2), None, 3.5),
+    ],
+)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"width": 20}, {"struct_as_array": True}, {"short_arrays": False}, {"indent": 4}],
+)
+def test_tree_pformat_matches_equinox(tree: object, options: dict) -> None:
+    assert teqx.tree_pformat(tree, **options) == eqx.tree_pformat(tree, **options)
+
+
+def test_tree_pformat_truncate_leaf_matches_equinox() -> None:
+    tree = {"a": [1, 2], "b": {"c": 3}}
+
+    def is_list(x: object) -> bool:
+        return isinstance(x, list)
+
+    assert teqx.tree_pformat(tree, truncate_leaf=is_list) == eqx.tree_pformat(
+        tree, truncate_leaf=is_list
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,7 +27,13 @@ def _array_doc(x: Any) -> wl.AbstractDoc:
     return wl.TextDoc(describe_array(x.shape, x.dtype))
 
 
-def _custom(max_items: int, indent: int, short_arrays: bool) -> Any:
+def _custom(
+    max_items: int,
+    indent: int,
+    short_arrays: bool,
+    struct_as_array: bool = True,
+    truncate_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
     """The `custom` hook for wadler_lindig: array summaries, and long containers elided."""
 
     def pdoc(obj: Any) -> wl.AbstractDoc:
@@ -36,7 +43,11 @@ def _custom(max_items: int, indent: int, short_arrays: bool) -> Any:
         return wl.TextDoc(f"... {n} more ...")
 
     def custom(obj: Any) -> wl.AbstractDoc | None:
-        if isinstance(obj, jax.ShapeDtypeStruct) or (short_arrays and is_array(obj)):
+        if truncate_leaf is not None and truncate_leaf(obj):
+            return wl.TextDoc(f"{type(obj).__name__}(...)")
+        if isinstance(obj, jax.ShapeDtypeStruct):  # (which `is_array` counts as an array)
+            return _array_doc(obj) if struct_as_array else None
+        if short_arrays and is_array(obj):
             return _array_doc(obj)
         if isinstance(obj, list | tuple) and len(obj) > max_items and not hasattr(obj, "_fields"):
             docs = [pdoc(o) for o in obj[: max_items - 2]] + [more(len(obj) - max_items + 2)]
@@ -61,6 +72,8 @@ def tree_pformat(
     width: int = 88,
     indent: int = 2,
     short_arrays: bool = True,
+    struct_as_array: bool = True,
+    truncate_leaf: Callable[[Any], bool] | None = None,
     max_items: int = _MAX_ITEMS,
 ) -> str:
     """Format a pytree readably: arrays as `f32[64,32]`, nesting indented, long containers elided.
@@ -71,6 +84,10 @@ def tree_pformat(
         width: the line width to fit.
         indent: how far each nesting level is indented.
         short_arrays: print arrays as `f32[2,3]` (`False`: with their values).
+        struct_as_array: print `jax.ShapeDtypeStruct`s as the array they stand for
+            (`False`: as `ShapeDtypeStruct(shape=..., dtype=...)`, Equinox's default).
+        truncate_leaf: a predicate on every node; a node it holds for prints as
+            `TypeName(...)` (Equinox's option), for eliding large submodules.
         max_items: lists, tuples and dicts longer than this show their first `max_items - 2`
             entries and a count of the rest, so that a model with a thousand layers prints in
             a screenful.
@@ -84,10 +101,12 @@ def tree_pformat(
         {'w': f32[64,32], 'n': 3}
         >>> print(tm.tree_pformat(list(range(100)), max_items=4))
         [0, 1, ... 98 more ...]
+        >>> print(tm.tree_pformat({"a": [1, 2], "b": 3}, truncate_leaf=lambda x: x == [1, 2]))
+        {'a': list(...), 'b': 3}
     """
     if max_items < 3:
         raise ValueError(f"tree_pformat: max_items must be at least 3, got {max_items}.")
-    custom = _custom(max_items, indent, short_arrays)
+    custom = _custom(max_items, indent, short_arrays, struct_as_array, truncate_leaf)
     return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=short_arrays)
 
 

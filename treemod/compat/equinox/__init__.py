@@ -62,8 +62,6 @@ from treemod import (
     tree_check,
     tree_deserialise_leaves,
     tree_flatten_one_level,
-    tree_pformat,
-    tree_pprint,
     tree_serialise_leaves,
     tree_summary,
     update_state,
@@ -73,6 +71,7 @@ from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
 from ._module import Module
+from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_equal
 from .nn._inference import tree_inference
 
