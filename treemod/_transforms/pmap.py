@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import jax
 import jax.tree_util as jtu
@@ -12,7 +12,7 @@ from treemod._format.paths import function_name
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.vmap import _expand_axes, _is_spec, _named_axes, if_array
-from treemod._transforms.wrapper import TransformedFunction
+from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["filter_pmap"]
@@ -20,10 +20,10 @@ __all__ = ["filter_pmap"]
 _DONATE = ("all", "warn", "none")
 
 
-class _PmapWrapper(TransformedFunction[..., Any]):
+class _PmapWrapper(TransformedFunction[P, R]):
     def __init__(
         self,
-        fun: Callable[..., Any],
+        fun: Callable[P, R],
         in_axes: Any,
         out_axes: Any,
         axis_name: Hashable | None,
@@ -31,7 +31,7 @@ class _PmapWrapper(TransformedFunction[..., Any]):
         donate: str,
         pmap_kwargs: dict[str, Any],
     ) -> None:
-        self._fun = fun
+        self._fun: Callable[..., Any] = fun
         self._in_axes = in_axes
         self._out_axes = out_axes
         self._axis_name = axis_name
@@ -101,7 +101,7 @@ class _PmapWrapper(TransformedFunction[..., Any]):
         )
         return pmapped, plan
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         axes = self._axes(args, kwargs)
         leaves, treedef = jtu.tree_flatten((args, kwargs))
         mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
@@ -126,11 +126,37 @@ class _PmapWrapper(TransformedFunction[..., Any]):
         arrays = pmapped(dynamic)
         it_a, it_s = iter(arrays), iter(plan["static"])
         out = [next(it_a) if arr else next(it_s) for arr in plan["is_array"]]
-        return plan["treedef"].unflatten(out)
+        return plan["treedef"].unflatten(out)  # type: ignore[no-any-return]
+
+
+@overload
+def filter_pmap(
+    fun: Callable[P, R],
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["all", "warn", "none"] = "none",
+    **pmap_kwargs: Any,
+) -> Callable[P, R]: ...
+
+
+@overload
+def filter_pmap(
+    fun: None = None,
+    *,
+    in_axes: Any = ...,
+    out_axes: Any = ...,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    donate: Literal["all", "warn", "none"] = "none",
+    **pmap_kwargs: Any,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 def filter_pmap(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[P, R] | None = None,
     *,
     in_axes: Any = if_array(0),
     out_axes: Any = if_array(0),
@@ -138,7 +164,7 @@ def filter_pmap(
     axis_size: int | None = None,
     donate: Literal["all", "warn", "none"] = "none",
     **pmap_kwargs: Any,
-) -> Any:
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """`jax.pmap` for functions of any pytrees: arrays are split across devices, the rest static.
 
     Axis specs are as for `filter_vmap` (an int, `None`, a callable of a leaf, a tuple per
