@@ -82,3 +82,26 @@ def test_breakpoint_mode_opens_the_debugger(
 def test_bad_on_error_names_the_choices() -> None:
     with pytest.raises(ValueError, match="error_if: on_error must be one of"):
         tm.error_if(jnp.ones(()), jnp.array(True), "x", on_error="explode")  # type: ignore[arg-type]
+
+
+def test_filter_jit_raises_runtime_check_error_from_compiled_code() -> None:
+    @tm.filter_jit
+    def f(x: jax.Array) -> jax.Array:
+        return tm.error_if(x, x > 0, "positive input")
+
+    f(jnp.array(-1.0))  # a success first: the error is still this call's
+    with pytest.raises(tm.RuntimeCheckError, match="^positive input$") as info:
+        jax.block_until_ready(f(jnp.array(1.0)))
+    assert info.value.__cause__ is None
+
+    @tm.filter_jit
+    def g(x: jax.Array) -> jax.Array:
+        return jax.pure_callback(_raise_value_error, jax.ShapeDtypeStruct((), jnp.float32), x)
+
+    with pytest.raises(RuntimeError, match="not a check") as other:
+        jax.block_until_ready(g(jnp.array(1.0)))
+    assert not isinstance(other.value, tm.RuntimeCheckError)  # other errors pass unchanged
+
+
+def _raise_value_error(x: object) -> object:
+    raise ValueError("not a check")

@@ -25,8 +25,9 @@ class RuntimeCheckError(RuntimeError):
     """The error `error_if` raises (Equinox's `EquinoxRuntimeError`; a `RuntimeError`).
 
     Raised directly when the predicate is known without running the program (eagerly, or a
-    Python `bool`). From inside a compiled program JAX reports it wrapped in
-    `jax.errors.JaxRuntimeError` (also a `RuntimeError`) whose text holds the message.
+    Python `bool`), and by `filter_jit` functions when a check inside them fails. Under plain
+    `jax.jit` JAX reports it wrapped in `jax.errors.JaxRuntimeError` (also a `RuntimeError`)
+    whose text holds the message.
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -49,6 +50,18 @@ def _default_on_error() -> str:
 
 
 _DEFAULT_ON_ERROR = _default_on_error()
+
+# The message of the last error raised from inside a compiled program, for `filter_jit` to
+# raise as a `RuntimeCheckError` in place of JAX's wrapper.
+_LAST_MESSAGE: list[str | None] = [None]
+
+
+def runtime_check_error(error: Exception) -> RuntimeCheckError | None:
+    """The `RuntimeCheckError` that `error` (a `JaxRuntimeError`) carries, if it carries one."""
+    message, _LAST_MESSAGE[0] = _LAST_MESSAGE[0], None
+    if message is not None and "RuntimeCheckError" in str(error):
+        return RuntimeCheckError(message)
+    return None
 
 
 def error_if(x: T, pred: Any, msg: str, *, on_error: OnError = "default") -> T:
@@ -195,7 +208,8 @@ def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str, on_er
     def check(any_true: Any, which: Any) -> None:
         any_true, which = np.ravel(any_true), np.ravel(which)
         if any_true.any():  # under vmap: one entry per example
-            raise RuntimeCheckError(msgs[int(which[np.argmax(any_true)])])
+            _LAST_MESSAGE[0] = message = msgs[int(which[np.argmax(any_true)])]
+            raise RuntimeCheckError(message)
 
     jax.debug.callback(check, jnp.any(pred), index.ravel()[first])
     return x

@@ -21,6 +21,7 @@ import jax.tree_util as jtu
 
 from treemod._format.paths import function_name
 from treemod._format.retrace import aval_of
+from treemod._transforms.error_if import runtime_check_error
 from treemod._transforms.jit_cache import (
     FLOAT_POSITIONS,
     _Traces,
@@ -58,6 +59,13 @@ def _reference(code: Any, weak: bool) -> Callable[[], Any]:
     if weak and code is not None:
         return weakref.ref(code)
     return lambda: code
+
+
+def _raise_check_error(error: Exception) -> None:
+    """Raise the `RuntimeCheckError` an `error_if` inside the program raised, if it was one."""
+    check = runtime_check_error(error)
+    if check is not None:
+        raise check from None
 
 
 def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -105,7 +113,11 @@ class _JitWrapper(TransformedFunction[P, R]):
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
-        return unpack_output(entry(list(compress(leaves, mask))))  # type: ignore[no-any-return]
+        try:  # costs nothing unless raised
+            return unpack_output(entry(list(compress(leaves, mask))))  # type: ignore[no-any-return]
+        except jax.errors.JaxRuntimeError as e:
+            _raise_check_error(e)
+            raise
 
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"
@@ -151,14 +163,18 @@ class _JitWrapper(TransformedFunction[P, R]):
     ) -> Any:
         """Trace, compile and run a new version; publish it once it has run (thread-safe)."""
         traces = self._traces
-        with traces.lock:
-            entry = traces.cache.get(key)
-            if entry is None:
-                entry = self._new_entry(key, mask, static)
-                out = entry(dynamic)
-                traces.publish(key, entry, self._name)
-                return unpack_output(out)
-        return unpack_output(entry(dynamic))
+        try:
+            with traces.lock:
+                entry = traces.cache.get(key)
+                if entry is None:
+                    entry = self._new_entry(key, mask, static)
+                    out = entry(dynamic)
+                    traces.publish(key, entry, self._name)
+                    return unpack_output(out)
+            return unpack_output(entry(dynamic))
+        except jax.errors.JaxRuntimeError as e:
+            _raise_check_error(e)
+            raise
 
     def _new_entry(
         self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...]
