@@ -1,0 +1,134 @@
+"""The package's layering (DEVELOPERS.md, Layout): low layers never import high ones, no cycles,
+and the dependencies that used to be hidden are explicit imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "treemod"
+
+# Layer of each file, by the first matching prefix of its path inside treemod/ (longest first).
+LAYERS = {
+    "_tree/filters.py": 1,
+    "_tree/module_marker.py": 1,
+    "_format/": 2,
+    "_shapecheck/": 3,
+    "_tree/": 4,
+    "_module/": 5,
+    "_transforms/": 6,
+    "_saving/": 6,
+    "nn/": 7,
+    "debug.py": 8,
+    "compat/": 8,
+    "__init__.py": 8,
+}
+# Deliberate exceptions, each with its reason.
+ALLOWED_UPWARD = {
+    # Enumeration checks its values with error_if, which imports nothing from _module.
+    ("_module/enumeration.py", "_transforms/error_if.py"),
+}
+
+
+def _layer(rel: str) -> int:
+    for prefix in sorted(LAYERS, key=len, reverse=True):
+        if rel.startswith(prefix):
+            return LAYERS[prefix]
+    raise AssertionError(f"treemod/{rel} has no layer in tests/project/test_layering.py")
+
+
+def _module_file(module: str) -> str | None:
+    """`treemod.a.b` -> `a/b.py` or `a/b/__init__.py` (relative to treemod/), if it exists."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__.py"
+    as_file = PACKAGE.joinpath(*parts).with_suffix(".py")
+    if as_file.exists():
+        return as_file.relative_to(PACKAGE).as_posix()
+    as_package = PACKAGE.joinpath(*parts, "__init__.py")
+    if as_package.exists():
+        return as_package.relative_to(PACKAGE).as_posix()
+    return None
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    """The treemod files that `path` imports (anywhere in it, or at module level only)."""
+    rel_package = path.parent.relative_to(ROOT).as_posix().replace("/", ".")
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = rel_package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if not module.startswith("treemod"):
+                continue
+            # `from pkg import sub` imports the file `sub`; `from mod import name`, `mod`.
+            subs = [_module_file(f"{module}.{a.name}") for a in node.names]
+            if all(subs):
+                found.update(s for s in subs if s)
+            else:
+                target = _module_file(module)
+                if target is not None:
+                    found.add(target)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                target = _module_file(a.name) if a.name.startswith("treemod") else None
+                if target is not None:
+                    found.add(target)
+    found.discard(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_low_layers_never_import_high_ones() -> None:
+    upward = []
+    for path in _files():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for target in _imports(path, top_level_only=False):
+            if target.endswith("__init__.py") and target != "__init__.py":
+                continue  # a package's __init__ (the folders' are empty)
+            if _layer(target) > _layer(rel) and (rel, target) not in ALLOWED_UPWARD:
+                upward.append(
+                    f"treemod/{rel} (layer {_layer(rel)}) imports treemod/{target} "
+                    f"(layer {_layer(target)})"
+                )
+    assert upward == []
+
+
+def test_no_import_cycles_at_module_level() -> None:
+    graph = {p.relative_to(PACKAGE).as_posix(): _imports(p, top_level_only=True) for p in _files()}
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt] if nxt in stack else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_module_and_tree_at_import_the_shape_checker_they_use() -> None:
+    """No registry filled as a side effect of importing another file: the construction paths
+    import the checker, and the shape-check folder never imports `_module`."""
+    for rel in ("_module/module.py", "_tree/tree_at.py"):
+        assert "_shapecheck/checker.py" in _imports(PACKAGE / rel, top_level_only=True), rel
+    for path in (PACKAGE / "_shapecheck").glob("*.py"):
+        assert not any(t.startswith("_module/") for t in _imports(path, top_level_only=False))
+        source = path.read_text()
+        assert "install_field_checker" not in source and "install_call_checker" not in source
