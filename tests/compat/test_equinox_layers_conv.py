@@ -217,3 +217,30 @@ def test_default_prelu_file_loads_into_treemods_prelu() -> None:
     assert ours.negative_slope.shape == () and proper.negative_slope.shape == (1,)
     x = _x(5)
     np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(proper(x)))
+
+
+@pytest.mark.parametrize("padding", ["SAME", "SAME_LOWER"])
+@pytest.mark.parametrize(("kernel", "stride", "dilation"), [(3, 2, 2), (4, 3, 1), (2, 3, 1)])
+def test_conv_transpose_same_padding_with_output_padding(
+    padding: str, kernel: int, stride: int, dilation: int
+) -> None:
+    kwargs = dict(stride=stride, padding=padding, output_padding=1, dilation=dilation)
+    theirs = eqx.nn.ConvTranspose1d(2, 3, kernel, key=jax.random.PRNGKey(2), **kwargs)
+    ours = ceqx.nn.ConvTranspose1d(2, 3, kernel, key=jax.random.PRNGKey(2), **kwargs)
+    _same_layer(ours, theirs, _x(2, 7))
+
+
+def test_integer_inputs_are_pooled_as_equinox_pools_them() -> None:
+    x = jnp.arange(-7, 7).reshape(1, 14)
+    for make in (
+        lambda nn: nn.MaxPool1d(3, stride=3, use_ceil=True),
+        lambda nn: nn.AvgPool1d(2, 3),
+        lambda nn: nn.AdaptiveMaxPool1d(4),
+        lambda nn: nn.PReLU(0.1),
+        lambda nn: nn.PReLU(jnp.full(14, 0.2)),
+    ):
+        with jax.numpy_dtype_promotion("standard"):
+            theirs = make(eqx.nn)(x)
+        ours = make(ceqx.nn)(x)
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

@@ -143,14 +143,14 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
 class _Slot:
     __slots__ = ("path", "leaf", "spec", "owner", "value")
 
-    def __init__(self, path: str, leaf: Any, spec: Any, owner: str | None) -> None:
+    def __init__(self, path: tuple, leaf: Any, spec: Any, owner: str | None) -> None:
         self.path, self.leaf, self.spec, self.owner, self.value = path, leaf, spec, owner, leaf
 
     def get(self) -> Any:
         return self.value
 
     def where(self) -> str:
-        where = self.path or "(root)"
+        where = jtu.keystr(self.path) or "(root)"
         if self.owner:
             where += f" (in Equinox's layout of {self.owner})"
         return where
@@ -162,7 +162,7 @@ def _hooked(x: Any) -> bool:
 
 def _view(
     node: Any,
-    path: str,
+    path: tuple,
     spec: Any,
     is_leaf: Any,
     model: list[_Slot],
@@ -176,14 +176,15 @@ def _view(
         return slot.get
     if isinstance(node, State):
         slots: list[_Slot] = []
-        inner = _view(node.value, path + ".value", spec, is_leaf, slots, slots, owner)
+        value_path = (*path, jtu.GetAttrKey("value"))
+        inner = _view(node.value, value_path, spec, is_leaf, slots, slots, owner)
         state.extend(slots)
         return lambda: State(inner())
     if _hooked(node):
         fields = node.__equinox_leaves__()
         name = type(node).__name__
         parts = [
-            (k, _view(v, f"{path}.{k}", spec, is_leaf, model, state, name))
+            (k, _view(v, (*path, jtu.GetAttrKey(k)), spec, is_leaf, model, state, name))
             for k, v in fields.items()
         ]
         return lambda: node.__from_equinox_leaves__({k: build() for k, build in parts})
@@ -196,7 +197,7 @@ def _view(
     pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=stop)
     builders = []
     for p, x in pairs:
-        where = path + jtu.keystr(p)
+        where = (*path, *p)
         if x is not node and (isinstance(x, State) or _hooked(x)):
             builders.append(_view(x, where, spec, is_leaf, model, state, owner))
         else:
@@ -220,7 +221,7 @@ def _plan(tree: Any, filter_spec: Any, is_leaf: Any) -> tuple[list[_Slot], Calla
     model: list[_Slot] = []
     state: list[_Slot] = []
     builders = [
-        _view(sub, jtu.keystr(p), spec, is_leaf, model, state)
+        _view(sub, tuple(p), spec, is_leaf, model, state)
         for (p, spec), sub in zip(spec_pairs, subtrees, strict=True)
     ]
     return model + state, lambda: jtu.tree_unflatten(spec_def, [b() for b in builders])
@@ -343,17 +344,18 @@ def _check_leaf(label: str, slot: _Slot, index: int, total: int) -> None:
     same_type = isinstance(new, jax.Array) if old_is_jax else type(new) is type(old)
     problem = None
     if not same_type:
-        problem = f"like holds {_describe(old)}, the file {_describe(new)}"
+        problem = f"type from {_describe(old)}", _describe(new)
     elif isinstance(new, jax.Array | np.ndarray):
         if new.shape != old.shape:
-            problem = f"like has shape {tuple(old.shape)}, the file {tuple(new.shape)}"
+            problem = f"shape from {tuple(old.shape)}", str(tuple(new.shape))
         elif new.dtype != old.dtype:
-            problem = f"like has dtype {np.dtype(old.dtype).name}, the file {new.dtype}"
+            problem = f"dtype from {np.dtype(old.dtype).name}", np.dtype(new.dtype).name
     if problem:
         raise _EquinoxFileError(
-            f"tree_deserialise_leaves: {label}, leaf {index + 1} of {total} at {slot.where()}: "
-            f"{problem}. The file was saved from a different architecture or configuration "
-            "than `like`; build `like` as the saved model was built."
+            f"Deserialised leaf at path {slot.path} has changed {problem[0]} in `like` to "
+            f"{problem[1]} on disk: tree_deserialise_leaves: {label}, leaf {index + 1} of "
+            f"{total} at {slot.where()}. The file was saved from a different architecture or "
+            "configuration than `like`; build `like` as the saved model was built."
         )
 
 
@@ -416,15 +418,17 @@ def tree_deserialise_leaves(
                 raise
             except EOFError:
                 raise _EquinoxFileError(
-                    f"tree_deserialise_leaves: {label} ends before leaf {i + 1} of {total} "
+                    f"Error at leaf with path {slot.path}: tree_deserialise_leaves: {label} "
+                    f"ends before leaf {i + 1} of {total} "
                     f"({slot.where()}): the file holds fewer leaves than `like`. It was saved "
                     "from a smaller model, or from the model without its state (Equinox saves "
                     "`(model, state)` for stateful models)."
                 ) from None
             except Exception as e:
                 raise _EquinoxFileError(
-                    f"tree_deserialise_leaves: {label}, leaf {i + 1} of {total} at "
-                    f"{slot.where()} could not be read: {type(e).__name__}: {e}"
+                    f"Error at leaf with path {slot.path}: tree_deserialise_leaves: {label}, "
+                    f"leaf {i + 1} of {total} at {slot.where()} could not be read: "
+                    f"{type(e).__name__}: {e}"
                 ) from e
             _check_leaf(label, slot, i, total)
         if whole and all(s.spec is default_deserialise_filter_spec for s in slots):

@@ -41,6 +41,16 @@ def _pool_padding(owner: str, padding: Any, n: int) -> tuple[tuple[int, int], ..
     return tuple((p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in padding)
 
 
+def _identity(init: Any, dtype: Any) -> np.ndarray:
+    """`init` in `dtype`; an infinite `init` for integer or boolean input is the extreme value."""
+    if np.isinf(init) and not jnp.issubdtype(dtype, jnp.inexact):
+        if jnp.issubdtype(dtype, jnp.bool_):
+            return np.asarray(init > 0)
+        info = jnp.iinfo(dtype)
+        return np.asarray(info.max if init > 0 else info.min, dtype)
+    return np.asarray(init, dtype=dtype)
+
+
 class Pool(Module):
     """N-d window pooling with any reduction (Equinox's `nn.Pool`).
 
@@ -155,7 +165,7 @@ class Pool(Module):
         full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
         y = lax.reduce_window(
             x,
-            np.asarray(self.init, dtype=x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
+            _identity(self.init, x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
             self.operation,
             self._window(self.kernel_size),
             self._window(self.stride),

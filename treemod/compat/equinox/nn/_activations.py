@@ -41,3 +41,10 @@ class PReLU(_PReLU):
 
     def __from_equinox_leaves__(self, fields: dict[str, Any]) -> PReLU:
         return tree_at(lambda m: m.negative_slope, self, fields["negative_slope"])
+
+    def __call__(self, x: Array, *, key: Any = None) -> Array:
+        """Apply to `x`; integer inputs are promoted to the slope's dtype, as Equinox's are."""
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            slope = self.negative_slope.dtype
+            x = x.astype(slope if jnp.issubdtype(slope, jnp.inexact) else jnp.float32)
+        return super().__call__(x)

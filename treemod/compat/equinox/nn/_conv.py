@@ -71,6 +71,29 @@ def _check_rank(layer: Any, x: Any) -> None:
         )
 
 
+def _same_with_output_padding(
+    n: int, kernel_size: Size, stride: Size, padding: Any, output_padding: Size, dilation: Size
+) -> tuple[Any, Size]:
+    """Equinox's `"SAME"` padding with an `output_padding`, as explicit padding.
+
+    Equinox adds `output_padding` to the padding that `"SAME"` splits between the two ends
+    (treemod takes `output_padding` with explicit padding only); other cases pass through.
+    """
+    if not isinstance(padding, str) or padding.upper() not in ("SAME", "SAME_LOWER"):
+        return padding, output_padding
+    per_dim = [(v,) * n if isinstance(v, int) else tuple(v) for v in (kernel_size, stride)]
+    extra, dil = [(v,) * n if isinstance(v, int) else tuple(v) for v in (output_padding, dilation)]
+    if not any(extra):
+        return padding, output_padding
+    lower = padding.upper() == "SAME_LOWER"
+    pads, extras = [], []
+    for k, s, a, d in zip(*per_dim, extra, dil, strict=True):
+        total = d * (k - 1) - s + a + 1
+        pads.append(((max(total, 0) + lower) // 2, max(total, 0) - (max(total, 0) + lower) // 2))
+        extras.append(max(-total, 0))
+    return tuple(pads), tuple(extras)
+
+
 class _EquinoxFields:
     """Equinox's checkpoint layout is this layer's own: no conversion."""
 
@@ -211,6 +234,9 @@ class ConvTranspose(_EquinoxFields, _ConvTranspose):  # type: ignore[misc]
         key: PRNGKeyArray,
     ) -> None:
         init = equinox_uniform(_lim(in_channels, groups, kernel_size, num_spatial_dims))
+        padding, output_padding = _same_with_output_padding(
+            num_spatial_dims, kernel_size, stride, padding, output_padding, dilation
+        )
         super().__init__(
             num_spatial_dims,
             in_channels,

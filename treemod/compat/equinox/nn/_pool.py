@@ -10,6 +10,7 @@ windows may overlap). The reductions are treemod's; only the windows are Equinox
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from jaxtyping import Array
 
@@ -20,7 +21,7 @@ from treemod.nn._adaptive_pool import AdaptiveMaxPool1d as _AdaptiveMaxPool1d
 from treemod.nn._adaptive_pool import AdaptiveMaxPool2d as _AdaptiveMaxPool2d
 from treemod.nn._adaptive_pool import AdaptiveMaxPool3d as _AdaptiveMaxPool3d
 from treemod.nn._adaptive_pool import AdaptivePool as _AdaptivePool
-from treemod.nn._layout import layer_name
+from treemod.nn._layout import apply_image_layer, layer_name
 from treemod.nn._pool import AvgPool1d as _AvgPool1d
 from treemod.nn._pool import AvgPool2d as _AvgPool2d
 from treemod.nn._pool import AvgPool3d as _AvgPool3d
@@ -48,12 +49,19 @@ __all__ = [
 
 
 class _EquinoxCeil:
-    """Equinox's `use_ceil`: when the windows do not fit exactly, pad the high end by `stride`."""
+    """Equinox's `use_ceil`: when the windows do not fit exactly, pad the high end by `stride`.
+    Integer inputs are pooled as Equinox pools them (treemod's layers take floating input)."""
 
+    num_spatial_dims: int
     kernel_size: tuple[int, ...]
     stride: tuple[int, ...]
     padding: tuple[tuple[int, int], ...]
     use_ceil: bool
+
+    def __call__(self, x: Array, *, key: Any = None) -> Array:
+        """Pool `x` of shape `(channels, *spatial)` (or a batch of them)."""
+        flat = self._flat  # type: ignore[attr-defined]
+        return apply_image_layer(self, flat, x, "channels", None, self.num_spatial_dims)
 
     def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
         pads, extra = _Pool._pads(self, spatial)  # type: ignore[arg-type]  # checks the sizes
@@ -141,9 +149,13 @@ def equinox_windows(owner: str, size: int, target: int) -> list[tuple[int, int]]
 
 
 class _EquinoxWindows:
-    """Adaptive pooling over Equinox's windows (treemod's reduction)."""
+    """Adaptive pooling over Equinox's windows (treemod's reduction), of any input dtype."""
 
     target_shape: tuple[int, ...]
+
+    def __call__(self, x: Array, *, key: Any = None) -> Array:
+        """Pool `x` of shape `(channels, *spatial)` (or a batch of them) to the target shape."""
+        return apply_image_layer(self, self._flat, x, "channels", None, len(self.target_shape))
 
     def _flat(self, x: Array) -> Array:
         name = layer_name(self)
