@@ -17,10 +17,10 @@ so a huge header is rejected without building it).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from typing import Any
+import sys
+from typing import Any, NamedTuple
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_TENSORS", "Entry", "HeaderError", "parse_header"]
 
@@ -28,6 +28,7 @@ MAX_HEADER_BYTES = 100_000_000  # the reference's limit
 MAX_TENSORS = 100_000
 _MAX_DEPTH = 127  # serde_json's recursion limit: 127 nested arrays/objects are accepted
 _U64 = 2**64 - 1
+_F64_MAX = int(sys.float_info.max)
 _BITS = {
     "BOOL": 8,
     "F4": 4,
@@ -59,8 +60,7 @@ class HeaderError(Exception):
     """What is wrong with a header (the reader adds the file's name)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One tensor's header entry, validated."""
 
     code: str
@@ -88,6 +88,8 @@ def _float(text: str) -> float:
 
 def _int(text: str) -> int | float:
     """An integer as serde_json reads it: beyond u64/i64 (and -0) it is a float."""
+    if len(text) < 19 and text != "-0":  # the common case: within i64 whatever its sign
+        return int(text)
     negative = text[0] == "-"
     if len(text) - negative > 20 or text == "-0":
         return _float(text)
@@ -112,6 +114,8 @@ def _check_free(value: Any, depth: int, where: str) -> None:
     if isinstance(value, str):
         _check_text(value, f"{where}: the string")
         return
+    if type(value) is int and not -_F64_MAX <= value <= _F64_MAX:  # serde reads it as a float
+        raise HeaderError(f"{where} holds an integer out of the float64 range")
     if not isinstance(value, list | dict):
         return
     if depth > _MAX_DEPTH:
@@ -137,13 +141,14 @@ def _decode(raw: bytes) -> Any:
         raise HeaderError(f"its header is not valid UTF-8 ({e})") from None
     count = 0
 
-    def hook(pairs: list[tuple[str, Any]]) -> _Object:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         nonlocal count
         count += 1
         if count > MAX_TENSORS + 2:
             raise _TooMany
-        obj = _Object(pairs)
-        if len(obj) != len(pairs):
+        obj = dict(pairs)
+        if len(obj) != len(pairs):  # a repeated key: keep every pair
+            obj = _Object(pairs)
             obj.pairs = pairs
         return obj
 
@@ -151,7 +156,7 @@ def _decode(raw: bytes) -> Any:
         return json.loads(
             text,
             object_pairs_hook=hook,
-            parse_int=_int,
+            parse_int=_int if "-0" in text else None,  # "-0": the one divergence below u64
             parse_float=_float,
             parse_constant=_constant,
         )
@@ -159,6 +164,8 @@ def _decode(raw: bytes) -> Any:
         raise HeaderError(_too_many()) from None
     except json.JSONDecodeError as e:
         raise HeaderError(f"its header is not valid JSON ({e})") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise HeaderError("its header holds a number out of the float64 range") from None
     except RecursionError:
         raise HeaderError(f"its header is nested more than {_MAX_DEPTH} levels deep") from None
 
@@ -167,7 +174,27 @@ def _usize(value: Any) -> bool:
     return type(value) is int and 0 <= value <= _U64
 
 
+def _sizes(value: Any) -> bool:
+    """Whether `value` is a list of u64s."""
+    if type(value) is not list:
+        return False
+    for d in value:
+        if type(d) is not int or d < 0 or d > _U64:
+            return False
+    return True
+
+
 def _entry(name: str, value: Any) -> Entry:
+    if type(value) is dict and len(value) == 3:  # the common case: exactly the three fields
+        code, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+        if (
+            code.__class__ is str
+            and code in _BITS
+            and _sizes(shape)
+            and _sizes(offsets)
+            and len(offsets) == 2
+        ):
+            return Entry(code, tuple(shape), offsets[0], offsets[1])
     bad = f"the header entry of tensor {name!r}"
     if not isinstance(value, dict):
         raise HeaderError(f"{bad} is not an object (it is {type(value).__name__})")
@@ -242,12 +269,13 @@ def parse_header(raw: bytes) -> tuple[dict[str, Any], dict[str, str], dict[str, 
             seen_metadata = True
             metadata = _metadata(value)
         else:
-            _check_text(name, "a tensor name")
+            if not name.isascii():
+                _check_text(name, "a tensor name")
             entries[name] = _entry(name, value)  # a repeated name keeps its last entry
     if len(entries) > MAX_TENSORS:
         raise HeaderError(_too_many())
     end = 0
-    for name, entry in sorted(entries.items(), key=lambda item: (item[1].begin, item[1].end)):
+    for name, entry in sorted(entries.items(), key=lambda item: item[1][2:]):
         if entry.begin != end or entry.end < entry.begin:
             where = "the start of the data" if end == 0 else f"byte {end}, where the tensor before"
             raise HeaderError(
