@@ -265,11 +265,16 @@ class BatchNorm(Module):
 
 
 def batch_statistics(
-    x: jax.Array, axes: tuple[int, ...], axis_name: Hashable | tuple[Hashable, ...] | None
+    x: jax.Array,
+    axes: tuple[int, ...],
+    axis_name: Hashable | tuple[Hashable, ...] | None,
+    *,
+    check_count: bool = True,
 ) -> tuple[Any, Any, Any]:
     """Per-channel mean and biased variance of `x` over `axes` and the mapped `axis_name`.
 
-    Shared by `BatchNorm` and the Equinox compat layer.
+    Shared by `BatchNorm` and the Equinox compat layer. With `check_count`, fewer than two
+    values per channel (a variance of zero, an unbiased variance of nan) is an error.
 
     Returns:
         `(mean, variance, count)`; the count is the number of values per channel.
@@ -277,7 +282,7 @@ def batch_statistics(
     local = math.prod(x.shape[i] for i in axes)
     if axis_name is None:
         n: Any = local
-        if n <= 1:
+        if check_count and n <= 1:
             raise ValueError(
                 f"BatchNorm in training mode needs more than one value per channel to "
                 f"estimate a variance, but the input of shape {tuple(x.shape)} has {n}. "
@@ -295,7 +300,7 @@ def batch_statistics(
             "with that axis), on one example (C, *spatial) at a time. To call it on a "
             "batch (N, C, *spatial) directly, build it with axis_name=None."
         ) from None
-    if isinstance(n, int) and n <= 1:
+    if check_count and isinstance(n, int) and n <= 1:
         raise ValueError(
             f"BatchNorm in training mode needs more than one value per channel to "
             f"estimate a variance, but the mapped axis {axis_name!r} and the input of "

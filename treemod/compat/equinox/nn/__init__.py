@@ -8,12 +8,10 @@ from treemod.nn import (
     AdaptiveAvgPool,
     AdaptiveMaxPool,
     AvgPool,
-    Dropout,
     Embedding,
     GRUCell,
     Identity,
     KeySeq,
-    Linear,
     LSTMCell,
     MaxPool,
     RotaryPositionalEmbedding,
@@ -38,6 +36,7 @@ from ._conv import (
     ConvTranspose3d,
 )
 from ._inference import inference_mode
+from ._linear import Dropout, Linear
 from ._mlp import MLP
 from ._normalisation import GroupNorm, LayerNorm, RMSNorm
 from ._pool import (

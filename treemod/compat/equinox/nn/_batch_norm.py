@@ -93,7 +93,7 @@ class BatchNorm(StatefulLayer):
                 "for old code). Pass mode='batch' (normalise with the batch statistics, as "
                 "PyTorch and Flax do) or mode='ema' explicitly.",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             mode = "ema"
         if mode not in ("ema", "batch"):
@@ -136,7 +136,9 @@ class BatchNorm(StatefulLayer):
     def _statistics(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         axis_name = tuple(self.axis_name) if isinstance(self.axis_name, list) else self.axis_name
         try:
-            mean, var, _ = batch_statistics(x, tuple(range(1, x.ndim)), axis_name)
+            # Equinox allows a single value per channel (its variance is zero).
+            axes = tuple(range(1, x.ndim))
+            mean, var, _ = batch_statistics(x, axes, axis_name, check_count=False)
         except NameError:
             raise NameError(
                 f"eqx.nn.BatchNorm(axis_name={self.axis_name!r}) takes one example (C, *spatial) "
