@@ -165,7 +165,6 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
             tensors.append((name, leaf))
         elif (leaf_kind := simple_kind(leaf)) is not None:
             values[name] = _encode(name, leaf, leaf_kind)
-
     metadata = {"treemod.values": json.dumps(values, ensure_ascii=False)}
     metadata["treemod.keys"] = json.dumps(keys)
     write_checkpoint(path_or_file, tensors, metadata)
