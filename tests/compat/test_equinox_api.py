@@ -123,3 +123,23 @@ def test_tree_pformat_truncate_leaf_matches_equinox() -> None:
     assert teqx.tree_pformat(tree, truncate_leaf=is_list) == eqx.tree_pformat(
         tree, truncate_leaf=is_list
     )
+
+
+def test_filter_custom_vjp_residuals_may_hold_non_arrays() -> None:
+    marker = object()
+
+    @teqx.filter_custom_vjp
+    def triple_grad(x: jax.Array) -> jax.Array:
+        return 2 * x
+
+    @triple_grad.def_fwd
+    def fwd(perturbed: object, x: jax.Array) -> tuple[jax.Array, tuple]:
+        return triple_grad(x), (marker, x, "tag")
+
+    @triple_grad.def_bwd
+    def bwd(res: tuple, g: jax.Array, perturbed: object, x: jax.Array) -> jax.Array:
+        assert res[0] is marker and res[2] == "tag"
+        return 3 * g
+
+    for grad in (jax.grad(triple_grad), jax.jit(jax.grad(triple_grad))):
+        assert grad(jnp.array(1.0)) == 3.0

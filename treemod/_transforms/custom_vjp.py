@@ -11,7 +11,7 @@ import jax.tree_util as jtu
 
 from treemod._transforms.leaves import split_tree
 from treemod._transforms.wrapper import P, R
-from treemod._tree.filters import combine, is_inexact_array, partition
+from treemod._tree.filters import combine, is_array, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]
 
@@ -78,6 +78,7 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         dynamic, split = split_tree((rest, args, kwargs))
         fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
         out_def: list[Any] = []
+        res_static: list[Any] = []
 
         def rebuild(
             d_leaves: list[Any], dyn: list[Any]
@@ -99,10 +100,14 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
             perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
             x, a, k = rebuild(d_leaves, dyn)
             out, residuals = fn_fwd(perturbed, x, *a, **k)
-            return flat_out(out), (residuals, d_leaves, dyn)
+            # Residuals may hold non-arrays (Equinox allows it): they wait here, not in JAX.
+            res_dynamic, static_part = partition(residuals, is_array)
+            res_static[:] = [static_part]
+            return flat_out(out), (res_dynamic, d_leaves, dyn)
 
         def bwd(saved: tuple[Any, ...], cotangents: list[Any]) -> tuple[list[Any], list[Any]]:
-            residuals, d_leaves, dyn = saved
+            res_dynamic, d_leaves, dyn = saved
+            residuals = combine(res_dynamic, res_static[0])
             perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
             x, a, k = rebuild(d_leaves, dyn)
             grad_obj = jtu.tree_unflatten(out_def[0], cotangents)
