@@ -47,7 +47,9 @@ def _is_spec(x: Any) -> bool:
     return x is None or isinstance(x, int) or (callable(x) and not isinstance(x, list | tuple))
 
 
-def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> list[int | None]:
+def _expand_axes(
+    spec: Any, tree: Any, what: str, name: str, root: tuple[Any, ...]
+) -> list[int | None]:
     """One axis (or None) per leaf of `tree`, from a prefix `spec` of it."""
     axes: list[int | None] = []
     if _is_spec(spec):
@@ -64,7 +66,7 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
                 f"{'arguments' if what == 'in_axes' else 'output'}: {e}"
             ) from None
 
-    def where(path: tuple) -> str:
+    def where(path: tuple[Any, ...]) -> str:
         if what == "out_axes":
             return "the output" + jtu.keystr(path)
         return render_path(root + path)
@@ -92,7 +94,11 @@ def _expand_axes(spec: Any, tree: Any, what: str, name: str, root: tuple) -> lis
 
 
 def _named_axes(
-    fun: Callable[..., Any], in_axes: dict[str, Any], args: tuple, kwargs: dict, name: str
+    fun: Callable[..., Any],
+    in_axes: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[Any, Any],
+    name: str,
 ) -> list[int | None]:
     """Per-leaf axes from a dict `in_axes` keyed by parameter name (Equinox's form).
 
@@ -199,7 +205,7 @@ class _VmapWrapper(TransformedFunction[P, R]):
         plan: dict[str, Any] = {}
         fun, out_axes = self._fun, self._out_axes
 
-        def inner(dyn: list) -> tuple[list, list]:
+        def inner(dyn: list[Any]) -> tuple[list[Any], list[Any]]:
             call_args, call_kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dyn, static))
             out = fun(*call_args, **call_kwargs)
             out_leaves, out_def = jtu.tree_flatten(out)
