@@ -143,3 +143,26 @@ def test_filter_custom_vjp_residuals_may_hold_non_arrays() -> None:
 
     for grad in (jax.grad(triple_grad), jax.jit(jax.grad(triple_grad))):
         assert grad(jnp.array(1.0)) == 3.0
+
+
+def test_filter_pure_callback_checks_non_array_outputs_as_equinox() -> None:
+    declared, returned = object(), object()
+
+    def host(x: np.ndarray, tag: object) -> tuple:
+        return x + 1, tag
+
+    struct = (jax.ShapeDtypeStruct((), jnp.float32), declared)
+    out = teqx.filter_pure_callback(host, jnp.array(1.0), declared, result_shape_dtypes=struct)
+    assert out[0] == 2.0 and out[1] is declared
+    with pytest.raises(RuntimeError, match=r"returned .* at \[1\], where result_shape_dtypes"):
+        jax.block_until_ready(
+            teqx.filter_pure_callback(host, jnp.array(1.0), returned, result_shape_dtypes=struct)
+        )
+    for module in (teqx, eqx):  # Equinox raises too
+        g = module.filter_jit(
+            lambda x, m=module: m.filter_pure_callback(
+                host, x, returned, result_shape_dtypes=struct
+            )
+        )
+        with pytest.raises(RuntimeError):
+            jax.block_until_ready(g(jnp.array(2.0)))

@@ -31,7 +31,8 @@ def filter_pure_callback(
     Array leaves of the arguments reach `callback` as NumPy arrays; other leaves are passed
     through unchanged. The result must match `result_shape_dtypes`: a pytree whose
     `jax.ShapeDtypeStruct` leaves say which outputs are arrays (and their shapes and dtypes);
-    its other leaves are returned as they are (`callback`'s values there are ignored).
+    its other leaves are returned as they are, and the callback must return equal values there
+    (a mismatch is an error, as in Equinox).
 
     Arguments:
         callback: a pure Python function (no side effects: JAX may skip or repeat calls).
@@ -58,6 +59,9 @@ def filter_pure_callback(
     dynamic, split = split_tree((args, kwargs))
     structs, res_split = split_tree(result_shape_dtypes, _is_struct, is_leaf=_is_struct)
     res_mask = res_split.mask
+    res_with_paths = jtu.tree_flatten_with_path(result_shape_dtypes, is_leaf=_is_struct)[0]
+    res_paths = [p for p, _ in res_with_paths]
+    res_leaves = [leaf for _, leaf in res_with_paths]
     name = getattr(callback, "__name__", type(callback).__name__)
 
     def host(*dyn: Any) -> list[np.ndarray]:
@@ -71,8 +75,24 @@ def filter_pure_callback(
                 f"{len(out_leaves)} leaves but result_shape_dtypes describes "
                 f"{len(res_mask)}; they must have the same structure."
             )
+        for path_leaf, x, expected, m in zip(
+            res_paths, out_leaves, res_leaves, res_mask, strict=True
+        ):
+            if not m and x is not expected and not _same(x, expected):
+                raise ValueError(
+                    f"filter_pure_callback({name}): the callback returned {x!r} at "
+                    f"{jtu.keystr(path_leaf)}, where result_shape_dtypes has the non-array value "
+                    f"{expected!r}; non-array outputs must equal the ones declared."
+                )
         arrays = [x for x, m in zip(out_leaves, res_mask, strict=True) if m]
         return [np.asarray(x, dtype=s.dtype) for x, s in zip(arrays, structs, strict=True)]
 
     flat = jax.pure_callback(host, structs, *dynamic, vmap_method=vmap_method)
     return res_split.rebuild(flat)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an `==` that does not give a bool (arrays): not the declared value
+        return False
