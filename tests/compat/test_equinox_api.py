@@ -166,3 +166,19 @@ def test_filter_pure_callback_checks_non_array_outputs_as_equinox() -> None:
         )
         with pytest.raises(RuntimeError):
             jax.block_until_ready(g(jnp.array(2.0)))
+
+
+def test_filter_custom_vjp_defvjp_old_api_warns_and_works() -> None:
+    @teqx.filter_custom_vjp
+    def f(x: jax.Array, y: jax.Array) -> jax.Array:
+        return x * y
+
+    def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return x * y, y
+
+    def bwd(res: jax.Array, g: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:
+        return 10 * g * res  # a deliberately different rule, to see it used
+
+    with pytest.warns(DeprecationWarning, match="defvjp is Equinox's deprecated API"):
+        f.defvjp(fwd, bwd)
+    assert jax.grad(f)(jnp.array(2.0), jnp.array(3.0)) == 30.0

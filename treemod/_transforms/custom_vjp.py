@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, TypeVar
 
@@ -65,6 +66,28 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         """Set the backward pass: `fn_bwd(res, grad_obj, perturbed, vjp_arg, *args, **kwargs)`."""
         self.fn_bwd = fn_bwd
         return fn_bwd
+
+    def defvjp(self, fn_fwd: Callable[..., Any], fn_bwd: Callable[..., Any]) -> None:
+        """Equinox's older API, deprecated there: both passes at once, without `perturbed`.
+
+        `fn_fwd(vjp_arg, *args, **kwargs) -> (out, residuals)` and
+        `fn_bwd(residuals, grad_obj, vjp_arg, *args, **kwargs) -> grad_vjp_arg`.
+        """
+        warnings.warn(
+            "filter_custom_vjp.defvjp is Equinox's deprecated API: use `.def_fwd` and "
+            "`.def_bwd`, whose functions also receive `perturbed` (which inputs need a "
+            "gradient) after the residuals and output cotangent.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+
+        def fwd(perturbed: Any, vjp_arg: Any, *args: Any, **kwargs: Any) -> Any:
+            return fn_fwd(vjp_arg, *args, **kwargs)
+
+        def bwd(res: Any, grad_obj: Any, perturbed: Any, vjp_arg: Any, *a: Any, **k: Any) -> Any:
+            return fn_bwd(res, grad_obj, vjp_arg, *a, **k)
+
+        self.fn_fwd, self.fn_bwd = fwd, bwd
 
     def __call__(self, vjp_arg: _A, /, *args: P.args, **kwargs: P.kwargs) -> R:
         name = getattr(self.fn, "__name__", "function")
