@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treemod as tm
+import treemod.compat.equinox as ceqx
 
 eqx = pytest.importorskip("equinox")
 
@@ -193,7 +194,7 @@ class Case:
 
     def __init__(
         self,
-        make_eqx: Callable[[], Any],
+        make_eqx: Callable[[Any], Any],
         make_tm: Callable[[int], Any],
         x: Any,
         run_eqx: Callable[[Any, Any], Any] | None = None,
@@ -214,11 +215,11 @@ def _x(*shape: int, seed: int = 3) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
 
 
-E, T = (lambda: eqx.nn), (lambda: tm.nn)
+T = lambda: tm.nn  # noqa: E731
 
 
-def _bn_eqx() -> Any:
-    bn, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="ema", momentum=0.9)
+def _bn_eqx(nn: Any) -> Any:
+    bn, state = nn.make_with_state(nn.BatchNorm)(3, "batch", mode="ema", momentum=0.9)
     bn = _noisy(bn, 5)
     # One training call, so the statistics are real.
     _, state = jax.vmap(bn, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
@@ -227,75 +228,75 @@ def _bn_eqx() -> Any:
     return bn, state
 
 
-def _sn_eqx() -> Any:
-    sn, state = eqx.nn.make_with_state(eqx.nn.SpectralNorm)(
-        eqx.nn.Linear(3, 4, key=KEY), "weight", key=KEY
-    )
+def _sn_eqx(nn: Any) -> Any:
+    sn, state = nn.make_with_state(nn.SpectralNorm)(nn.Linear(3, 4, key=KEY), "weight", key=KEY)
     sn = _noisy(sn, 6)
     _, state = sn(_x(3), state)
     return sn, state
 
 
 CASES: dict[str, Case] = {
-    "Linear": Case(lambda: E().Linear(3, 4, key=KEY), lambda s: T().Linear(3, 4, key=_k(s)), _x(3)),
-    "Identity": Case(lambda: E().Identity(), lambda s: T().Identity(), _x(3)),
+    "Linear": Case(
+        lambda nn: nn.Linear(3, 4, key=KEY), lambda s: T().Linear(3, 4, key=_k(s)), _x(3)
+    ),
+    "Identity": Case(lambda nn: nn.Identity(), lambda s: T().Identity(), _x(3)),
     "MLP": Case(
-        lambda: E().MLP(2, 3, 4, 2, key=KEY), lambda s: T().MLP(2, 3, 4, 2, key=_k(s)), _x(2)
+        lambda nn: nn.MLP(2, 3, 4, 2, key=KEY), lambda s: T().MLP(2, 3, 4, 2, key=_k(s)), _x(2)
     ),
     "Sequential": Case(
-        lambda: E().Sequential([E().Linear(2, 3, key=KEY), E().Lambda(jax.nn.relu)]),
+        lambda nn: nn.Sequential([nn.Linear(2, 3, key=KEY), nn.Lambda(jax.nn.relu)]),
         lambda s: T().Sequential([T().Linear(2, 3, key=_k(s)), T().Lambda(jax.nn.relu)]),
         _x(2),
     ),
     "Embedding": Case(
-        lambda: E().Embedding(5, 3, key=KEY),
+        lambda nn: nn.Embedding(5, 3, key=KEY),
         lambda s: T().Embedding(5, 3, key=_k(s)),
         jnp.array(2),
     ),
-    "LayerNorm": Case(lambda: _noisy(E().LayerNorm(3), 1), lambda s: T().LayerNorm(3), _x(3)),
+    "LayerNorm": Case(lambda nn: _noisy(nn.LayerNorm(3), 1), lambda s: T().LayerNorm(3), _x(3)),
     "GroupNorm": Case(
-        lambda: _noisy(E().GroupNorm(2, 4), 1), lambda s: T().GroupNorm(2, 4), _x(4, 5)
+        lambda nn: _noisy(nn.GroupNorm(2, 4), 1), lambda s: T().GroupNorm(2, 4), _x(4, 5)
     ),
-    "RMSNorm": Case(lambda: _noisy(E().RMSNorm(3), 1), lambda s: T().RMSNorm(3), _x(3)),
+    "RMSNorm": Case(lambda nn: _noisy(nn.RMSNorm(3), 1), lambda s: T().RMSNorm(3), _x(3)),
     "Dropout": Case(
-        lambda: E().Dropout(0.3, inference=True),
+        lambda nn: nn.Dropout(0.3, inference=True),
         lambda s: T().Dropout(0.7),
         _x(3),
         run_eqx=lambda m, x: m(x, inference=True),
         run_tm=lambda m, x: m(x, inference=True),
     ),
-    "PReLU": Case(lambda: E().PReLU(0.1), lambda s: T().PReLU(0.5), _x(5)),
+    "PReLU": Case(lambda nn: nn.PReLU(0.1), lambda s: T().PReLU(0.5), _x(5)),
     "PReLU_vector": Case(
-        lambda: E().PReLU(jnp.array([0.1, 0.2, 0.3])), lambda s: T().PReLU(jnp.zeros(3)), _x(3)
+        lambda nn: nn.PReLU(jnp.array([0.1, 0.2, 0.3])), lambda s: T().PReLU(jnp.zeros(3)), _x(3)
     ),
     "GRUCell": Case(
-        lambda: E().GRUCell(3, 4, key=KEY),
+        lambda nn: nn.GRUCell(3, 4, key=KEY),
         lambda s: T().GRUCell(3, 4, key=_k(s)),
         (_x(3), _x(4, seed=4)),
         run_eqx=lambda m, x: m(*x),
         run_tm=lambda m, x: m(*x),
     ),
     "LSTMCell": Case(
-        lambda: E().LSTMCell(3, 4, key=KEY),
+        lambda nn: nn.LSTMCell(3, 4, key=KEY),
         lambda s: T().LSTMCell(3, 4, key=_k(s)),
         (_x(3), (_x(4, seed=4), _x(4, seed=5))),
         run_eqx=lambda m, x: m(*x),
         run_tm=lambda m, x: m(*x),
     ),
     "MultiheadAttention": Case(
-        lambda: E().MultiheadAttention(2, 4, key=KEY),
+        lambda nn: nn.MultiheadAttention(2, 4, key=KEY),
         lambda s: T().MultiheadAttention(2, 4, key=_k(s)),
         (_x(5, 4), _x(6, 4, seed=4), _x(6, 4, seed=5)),
         run_eqx=lambda m, x: m(*x),
         run_tm=lambda m, x: m(*x),
     ),
     "RotaryPositionalEmbedding": Case(
-        lambda: E().RotaryPositionalEmbedding(4),
+        lambda nn: nn.RotaryPositionalEmbedding(4),
         lambda s: T().RotaryPositionalEmbedding(4),
         _x(5, 4),
     ),
     "WeightNorm": Case(
-        lambda: E().WeightNorm(E().Linear(3, 4, key=KEY)),
+        lambda nn: nn.WeightNorm(nn.Linear(3, 4, key=KEY)),
         lambda s: T().WeightNorm(T().Linear(3, 4, key=_k(s))),
         _x(3),
     ),
@@ -321,17 +322,17 @@ CASES: dict[str, Case] = {
 for _n in (1, 2, 3):
     _sp = (5,) * _n
     CASES[f"Conv{_n}d"] = Case(
-        lambda n=_n: getattr(E(), f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=KEY),
+        lambda nn, n=_n: getattr(nn, f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=KEY),
         lambda s, n=_n: getattr(T(), f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=_k(s)),
         _x(2, *_sp),
     )
     CASES[f"Conv{_n}d_groups"] = Case(
-        lambda n=_n: getattr(E(), f"Conv{n}d")(4, 6, 2, groups=2, key=KEY),
+        lambda nn, n=_n: getattr(nn, f"Conv{n}d")(4, 6, 2, groups=2, key=KEY),
         lambda s, n=_n: getattr(T(), f"Conv{n}d")(4, 6, 2, groups=2, key=_k(s)),
         _x(4, *_sp),
     )
     CASES[f"ConvTranspose{_n}d"] = Case(
-        lambda n=_n: getattr(E(), f"ConvTranspose{n}d")(
+        lambda nn, n=_n: getattr(nn, f"ConvTranspose{n}d")(
             2, 4, 3, stride=2, padding=1, output_padding=1, key=KEY
         ),
         lambda s, n=_n: getattr(T(), f"ConvTranspose{n}d")(
@@ -340,7 +341,7 @@ for _n in (1, 2, 3):
         _x(2, *_sp),
     )
     CASES[f"ConvTranspose{_n}d_groups"] = Case(
-        lambda n=_n: getattr(E(), f"ConvTranspose{n}d")(4, 6, 3, dilation=2, groups=2, key=KEY),
+        lambda nn, n=_n: getattr(nn, f"ConvTranspose{n}d")(4, 6, 3, dilation=2, groups=2, key=KEY),
         lambda s, n=_n: getattr(T(), f"ConvTranspose{n}d")(
             4, 6, 3, dilation=2, groups=2, key=_k(s)
         ),
@@ -348,12 +349,12 @@ for _n in (1, 2, 3):
     )
     for _kind in ("Max", "Avg"):
         CASES[f"{_kind}Pool{_n}d"] = Case(
-            lambda n=_n, kind=_kind: getattr(E(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
+            lambda nn, n=_n, kind=_kind: getattr(nn, f"{kind}Pool{n}d")(3, stride=2, padding=1),
             lambda s, n=_n, kind=_kind: getattr(T(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
             _x(2, *_sp),
         )
         CASES[f"Adaptive{_kind}Pool{_n}d"] = Case(
-            lambda n=_n, kind=_kind: getattr(E(), f"Adaptive{kind}Pool{n}d")(2),
+            lambda nn, n=_n, kind=_kind: getattr(nn, f"Adaptive{kind}Pool{n}d")(2),
             lambda s, n=_n, kind=_kind: getattr(T(), f"Adaptive{kind}Pool{n}d")(2),
             _x(2, *(4,) * _n),
         )
@@ -367,7 +368,7 @@ def _close(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_equinox_file_loads_into_treemod_layer(name: str) -> None:
     case = CASES[name]
-    model = case.make_eqx()
+    model = case.make_eqx(eqx.nn)
     if not case.stateful:
         model = _noisy(model, 2)
     data = _eqx_bytes(model)
@@ -378,11 +379,27 @@ def test_equinox_file_loads_into_treemod_layer(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_equinox_file_loads_into_compat_layer(name: str) -> None:
+    case = CASES[name]
+    model = case.make_eqx(eqx.nn)
+    if not case.stateful:
+        model = _noisy(model, 2)
+    data = _eqx_bytes(model)
+    like = case.make_eqx(ceqx.nn)
+    loaded = ceqx.tree_deserialise_leaves(io.BytesIO(data), like)
+    _close(case.run_eqx(loaded, case.x), case.run_eqx(model, case.x))
+    assert _tm_bytes(loaded) == data
+    # Equinox reads the compat layer's own file into its layer.
+    back = eqx.tree_deserialise_leaves(io.BytesIO(_tm_bytes(loaded)), case.make_eqx(eqx.nn))
+    _close(case.run_eqx(back, case.x), case.run_eqx(model, case.x))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_treemod_file_loads_into_equinox_layer(name: str) -> None:
     case = CASES[name]
     layer = _noisy(case.make_tm(11), 4)
     data = _tm_bytes(layer)
-    loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), case.make_eqx())
+    loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), case.make_eqx(eqx.nn))
     _close(case.run_eqx(loaded, case.x), case.run_tm(layer, case.x))
     assert _eqx_bytes(loaded) == data
 
@@ -514,3 +531,24 @@ def test_tracer_refused_when_saving() -> None:
 
     with pytest.raises(TypeError, match=r"\['x'\] is a tracer"):
         jax.jit(f)(jnp.ones(2))
+
+
+def test_batch_mode_batch_norm_loads_into_the_compat_layer() -> None:
+    # Equinox's mode="batch" keeps a debiasing counter: the compat BatchNorm holds it.
+    def make(nn: Any) -> Any:
+        return nn.make_with_state(nn.BatchNorm)(3, "batch", mode="batch", momentum=0.9)
+
+    bn, state = make(eqx.nn)
+    bn = _noisy(bn, 7)
+    call = jax.vmap(bn, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+    for seed in (1, 2):
+        _, state = call(_x(6, 3, 4, seed=seed), state)
+    data = _eqx_bytes((bn, state))
+    loaded = ceqx.tree_deserialise_leaves(io.BytesIO(data), make(ceqx.nn))
+    assert _tm_bytes(loaded) == data
+    x = _x(6, 3, 4, seed=9)
+    run = CASES["BatchNorm"].run_eqx
+    _close(run(loaded, x), run((bn, state), x))
+    # treemod's BatchNorm holds ema-mode statistics; a batch-mode file says which layer reads it.
+    with pytest.raises(tm.CheckpointError, match=r"changed dtype from bool in `like` to int32"):
+        tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.BatchNorm(3))
