@@ -35,7 +35,7 @@ class BoundMethod:
     # `__doc__`, `__name__` and `__qualname__` are the function's.
     __slots__ = ("__func__", "__self__")
     __tm_bound_method__ = True
-    __doc__ = property(lambda self: getattr(self.__func__, "__doc__", None))  # type: ignore[assignment]
+    __doc__ = property(lambda self: getattr(self.__func__, "__doc__", None))
 
     def __init__(self, func: Callable[..., Any], obj: Any) -> None:
         self.__func__ = func

@@ -301,7 +301,9 @@ class LoadedCompiled:
     def _dynamic_paths(self) -> list[str]:
         return list(compress(_paths(self._treedef, "fn"), self._mask))
 
-    def _refuse(self, treedef: Any, mask: tuple[bool, ...], static: tuple, avals: tuple) -> None:
+    def _refuse(
+        self, treedef: Any, mask: tuple[bool, ...], static: tuple[Any, ...], avals: tuple[Any, ...]
+    ) -> None:
         old = (self._treedef, self._mask, self._static, self._avals)
         lines = explain(old, (treedef, mask, static, avals), "fn")
         raise TypeError(
