@@ -182,3 +182,14 @@ def test_filter_custom_vjp_defvjp_old_api_warns_and_works() -> None:
     with pytest.warns(DeprecationWarning, match="defvjp is Equinox's deprecated API"):
         f.defvjp(fwd, bwd)
     assert jax.grad(f)(jnp.array(2.0), jnp.array(3.0)) == 30.0
+
+
+def test_static_field_is_a_deprecated_static_field() -> None:
+    with pytest.warns(DeprecationWarning, match="static_field"):
+
+        class WithStatic(teqx.Module):
+            weight: jax.Array
+            size: int = teqx.static_field(default=3)
+
+    leaves = jax.tree_util.tree_leaves(WithStatic(jnp.ones(2)))
+    assert len(leaves) == 1 and WithStatic(jnp.ones(2)).size == 3

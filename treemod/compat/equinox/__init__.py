@@ -11,6 +11,7 @@ from treemod import (
     CheckpointError,
     Enumeration,
     FrozenModuleError,
+    LoadedCompiled,
     Partial,
     ShapeCheckerError,
     ShapeCheckError,
@@ -51,8 +52,10 @@ from treemod import (
     is_param,
     is_state,
     load,
+    load_compiled,
     partition,
     save,
+    save_compiled,
     set_shape_checks,
     shape_checks,
     shape_checks_enabled,
@@ -70,15 +73,20 @@ from treemod import (
 from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
+from ._field import static_field
 from ._module import Module
 from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_equal
 from .nn._inference import tree_inference
 
 __all__ = [
+    "LoadedCompiled",
+    "load_compiled",
+    "save_compiled",
     "EquinoxRuntimeError",
     "EquinoxTracetimeError",
     "RuntimeCheckError",
+    "static_field",
     "apply_updates",
     "combine",
     "filter",
