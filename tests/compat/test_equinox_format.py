@@ -552,3 +552,18 @@ def test_batch_mode_batch_norm_loads_into_the_compat_layer() -> None:
     # treemod's BatchNorm holds ema-mode statistics; a batch-mode file says which layer reads it.
     with pytest.raises(tm.CheckpointError, match=r"changed dtype from bool in `like` to int32"):
         tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.BatchNorm(3))
+
+
+def test_failed_write_names_the_leaf_and_keeps_the_old_file(tmp_path: pathlib.Path) -> None:
+    tm.tree_serialise_leaves(tmp_path / "m", [jnp.ones(2)])
+    before = (tmp_path / "m.eqx").read_bytes()
+
+    def refuse_ints(f: Any, x: Any) -> None:
+        if isinstance(x, int):
+            raise ValueError("no ints here")
+        tm.default_serialise_filter_spec(f, x)
+
+    with pytest.raises(RuntimeError, match=r"leaf at \[1\]\['n'\]: ValueError: no ints here"):
+        tm.tree_serialise_leaves(tmp_path / "m", [jnp.zeros(2), {"n": 3}], filter_spec=refuse_ints)
+    assert (tmp_path / "m.eqx").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.eqx"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
 import jax
@@ -39,6 +39,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from treemod._module.state import State
+from treemod._saving.atomic_file import replace_atomically
 from treemod._saving.errors import CheckpointError
 
 __all__ = [
@@ -238,20 +239,6 @@ def _label(path_or_file: Any) -> str:
     return f"<{type(path_or_file).__name__}>"
 
 
-@contextlib.contextmanager
-def _atomic_writer(path: pathlib.Path) -> Iterator[IO[bytes]]:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def tree_serialise_leaves(
     path_or_file: PathOrFile,
     pytree: Any,
@@ -298,8 +285,7 @@ def tree_serialise_leaves(
                 "function first."
             )
     if isinstance(path_or_file, str | os.PathLike):
-        with _atomic_writer(_with_suffix(path_or_file)) as f:
-            _write(f, slots)
+        replace_atomically(str(_with_suffix(path_or_file)), lambda f: _write(f, slots))
     else:
         _write(path_or_file, slots)
 
@@ -309,7 +295,10 @@ def _write(f: IO[bytes], slots: list[_Slot]) -> None:
         try:
             slot.spec(f, slot.leaf)
         except Exception as e:
-            raise type(e)(f"tree_serialise_leaves: writing the leaf at {slot.where()}: {e}") from e
+            raise RuntimeError(
+                f"Error at leaf with path {slot.path}: tree_serialise_leaves could not write the "
+                f"leaf at {slot.where()}: {type(e).__name__}: {e}"
+            ) from e
 
 
 def _check_header(f: IO[bytes], label: str, first: _Slot) -> None:
