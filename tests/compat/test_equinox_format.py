@@ -567,3 +567,17 @@ def test_failed_write_names_the_leaf_and_keeps_the_old_file(tmp_path: pathlib.Pa
         tm.tree_serialise_leaves(tmp_path / "m", [jnp.zeros(2), {"n": 3}], filter_spec=refuse_ints)
     assert (tmp_path / "m.eqx").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.eqx"]
+
+
+def test_shared_weights_load_both_ways() -> None:
+    # Equinox's Shared (tied embedding and output layer) and treemod's hold the same leaves.
+    def tied(nn: Any, keys: tuple[Any, Any]) -> Any:
+        emb, lin = nn.Embedding(5, 3, key=keys[0]), nn.Linear(3, 5, key=keys[1])
+        return nn.Shared((emb, lin), lambda p: p[1].weight, lambda p: p[0].weight)
+
+    theirs = _noisy(tied(eqx.nn, tuple(jax.random.split(KEY))), 3)
+    ours = tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes(theirs)), tied(tm.nn, (_k(0), _k(1))))
+    x = jnp.array(4)
+    (e_emb, e_lin), (t_emb, t_lin) = theirs(), ours()
+    _close(t_lin(t_emb(x)), e_lin(e_emb(x)))
+    assert _tm_bytes(ours) == _eqx_bytes(theirs)
