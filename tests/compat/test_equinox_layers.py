@@ -220,3 +220,60 @@ def test_norm_layers_pass_a_state_through() -> None:
 def test_mlp_scan_errors() -> None:
     with pytest.raises(ValueError, match=r"scan=True.*width_size must be one int; got \(8, 4\)"):
         teqx.nn.MLP(3, 2, (8, 4), 2, scan=True, key=K)
+
+
+def test_equinox_conventions_treemod_refuses() -> None:
+    # Zero sizes, negative embedding indices, the deprecated `deterministic`: Equinox's.
+    for sizes in [(0, 4), (4, 0)]:
+        ours, theirs = teqx.nn.Linear(*sizes, key=K), eqx.nn.Linear(*sizes, key=K)
+        np.testing.assert_array_equal(ours.weight, theirs.weight)
+        x = _normal((sizes[0],))
+        np.testing.assert_array_equal(ours(x), theirs(x))
+    weight = jnp.linspace(0.1, 10, 100).reshape(10, 10)
+    for index in [-1, -10, 3]:
+        np.testing.assert_array_equal(
+            teqx.nn.Embedding(weight=weight)(jnp.array(index)),
+            eqx.nn.Embedding(weight=weight)(jnp.array(index)),
+        )
+    with pytest.raises(IndexError, match="index -1 at position"):
+        teqx.nn.Embedding(weight=weight)(jnp.array(-11))
+    with pytest.warns(DeprecationWarning, match="deterministic"):
+        dropout = teqx.nn.Dropout(0.5, deterministic=True)
+    assert dropout.inference and dropout.deterministic
+
+
+def test_rope_frequencies_and_single_head_attention_match_equinox() -> None:
+    for dtype in [jnp.float32, jnp.float16]:
+        ours = teqx.nn.RotaryPositionalEmbedding.precompute_freqs_cis(8, 16, 500.0, dtype)
+        theirs = eqx.nn.RotaryPositionalEmbedding.precompute_freqs_cis(8, 16, 500.0, dtype)
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+    from equinox.nn import _attention as theirs_attention
+
+    from treemod.compat.equinox.nn import _attention as ours_attention
+
+    q, k, v = _normal((3, 4)), _normal((5, 4), K), _normal((5, 2), K)
+    mask = jnp.tril(jnp.ones((3, 5), bool))
+    np.testing.assert_allclose(
+        ours_attention.dot_product_attention_weights(q, k, mask),
+        theirs_attention.dot_product_attention_weights(q, k, mask),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        ours_attention.dot_product_attention(q, k, v, mask),
+        theirs_attention.dot_product_attention(q, k, v, mask),
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match=r"mask must have shape \(q_seq, kv_seq\)=\(3, 5\)"):
+        ours_attention.dot_product_attention_weights(q, k, mask[:, :2])
+
+
+def test_batch_norm_accepts_a_batch_of_one_like_equinox() -> None:
+    ours, s1 = teqx.nn.make_with_state(teqx.nn.BatchNorm)(2, "b", mode="batch")
+    theirs, s2 = eqx.nn.make_with_state(eqx.nn.BatchNorm)(2, "b", mode="batch")
+    x = _normal((1, 2, 3))
+    run = {"in_axes": (0, None), "out_axes": (0, None), "axis_name": "b"}
+    y1, _ = jax.vmap(ours, **run)(x, s1)
+    y2, _ = jax.vmap(theirs, **run)(x, s2)
+    np.testing.assert_allclose(y1, y2, atol=1e-5)

@@ -73,7 +73,6 @@ from treemod import (
 from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
-from ._field import static_field
 from ._module import Module
 from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_equal
@@ -86,7 +85,6 @@ __all__ = [
     "EquinoxRuntimeError",
     "EquinoxTracetimeError",
     "RuntimeCheckError",
-    "static_field",
     "apply_updates",
     "combine",
     "filter",

@@ -8,13 +8,11 @@ from treemod.nn import (
     AdaptiveAvgPool,
     AdaptiveMaxPool,
     AvgPool,
-    Embedding,
     GRUCell,
     Identity,
     KeySeq,
     LSTMCell,
     MaxPool,
-    RotaryPositionalEmbedding,
     Shared,
     Stack,
     WeightNorm,
@@ -35,6 +33,7 @@ from ._conv import (
     ConvTranspose2d,
     ConvTranspose3d,
 )
+from ._embedding import Embedding, RotaryPositionalEmbedding
 from ._inference import inference_mode
 from ._linear import Dropout, Linear
 from ._mlp import MLP

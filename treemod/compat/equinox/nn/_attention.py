@@ -19,7 +19,65 @@ import jax.numpy as jnp
 from treemod.nn._attention import MultiheadAttention as _MultiheadAttention
 from treemod.nn._utils import compute_dtype
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["MultiheadAttention", "dot_product_attention", "dot_product_attention_weights"]
+
+
+def dot_product_attention_weights(query: Any, key: Any, mask: Any = None) -> Any:
+    """Softmax attention weights of one head: `softmax(query @ key.T / sqrt(d))`, masked.
+
+    Arguments:
+        query: `(q_seq, d)`.
+        key: `(kv_seq, d)`.
+        mask: optional booleans `(q_seq, kv_seq)`, `True` where attention is allowed.
+
+    Returns:
+        `(q_seq, kv_seq)` weights in `query`'s dtype (the softmax runs in float32 at least).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from treemod.compat.equinox.nn._attention import dot_product_attention_weights
+        >>> dot_product_attention_weights(jnp.ones((1, 2)), jnp.ones((3, 2)))
+        Array([[0.333..., 0.333..., 0.333...]], dtype=float32)
+    """
+    logits = jnp.einsum("qd,kd->qk", query / math.sqrt(query.shape[-1]), key)
+    if mask is not None:
+        if jnp.shape(mask) != logits.shape:
+            raise ValueError(
+                f"dot_product_attention: mask must have shape (q_seq, kv_seq)={logits.shape}; "
+                f"got {jnp.shape(mask)}."
+            )
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    return jax.nn.softmax(logits.astype(compute_dtype(logits.dtype)), -1).astype(logits.dtype)
+
+
+def dot_product_attention(
+    query: Any,
+    key_: Any,
+    value: Any,
+    mask: Any = None,
+    dropout: Any = None,
+    *,
+    key: Any = None,
+    inference: bool | None = None,
+) -> Any:
+    """One head of attention: the weights of `dot_product_attention_weights` applied to `value`.
+
+    Arguments:
+        query: `(q_seq, d)`.
+        key_: `(kv_seq, d)`.
+        value: `(kv_seq, v)`.
+        mask: optional booleans `(q_seq, kv_seq)`.
+        dropout: an optional `Dropout` applied to the weights.
+        key: the dropout's key.
+        inference: overrides the dropout's inference flag.
+
+    Returns:
+        `(q_seq, v)`.
+    """
+    weights = dot_product_attention_weights(query, key_, mask)
+    if dropout is not None:
+        weights = dropout(weights, key=key, inference=inference)
+    return jnp.einsum("qk,kv->qv", weights, value)
 
 
 class MultiheadAttention(_MultiheadAttention):
@@ -96,24 +154,24 @@ class MultiheadAttention(_MultiheadAttention):
                     f"MultiheadAttention: process_heads must keep the shapes of the heads "
                     f"{shapes}; it returned {(q.shape, k.shape, v.shape)}."
                 )
-        logits = jnp.einsum("qhd,khd->hqk", q / math.sqrt(q.shape[-1]), k)
         if mask is not None:
             mask = jnp.asarray(mask)
-            if mask.dtype != jnp.bool_ or mask.shape not in (logits.shape, logits.shape[1:]):
+            expected = ((h, q.shape[0], k.shape[0]), (q.shape[0], k.shape[0]))
+            if mask.dtype != jnp.bool_ or mask.shape not in expected:
                 raise ValueError(
                     f"MultiheadAttention: mask must be boolean (True = attend) of shape "
-                    f"(q_seq, kv_seq)={logits.shape[1:]} or (num_heads, q_seq, kv_seq)="
-                    f"{logits.shape}; got {mask.dtype}{list(mask.shape)}."
+                    f"(q_seq, kv_seq)={expected[1]} or (num_heads, q_seq, kv_seq)="
+                    f"{expected[0]}; got {mask.dtype}{list(mask.shape)}."
                 )
-            logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-        weights = jax.nn.softmax(logits.astype(compute_dtype(logits.dtype)), -1)
-        weights = weights.astype(logits.dtype)
-        if key is None:
-            weights = self.dropout(weights, inference=inference)
-        else:
-            keys = jax.random.split(key, h)
-            weights = jax.vmap(lambda w, k: self.dropout(w, key=k, inference=inference))(
-                weights, keys
-            )
-        attn = jnp.einsum("hqk,khd->qhd", weights, v).reshape(query.shape[0], -1)
-        return self.output_proj(attn)
+        keys = None if key is None else jax.random.split(key, h)
+
+        def one_head(qh: Any, kh: Any, vh: Any, m: Any, k: Any) -> Any:
+            return dot_product_attention(qh, kh, vh, m, self.dropout, key=k, inference=inference)
+
+        per_head_mask = mask is not None and mask.ndim == 3
+        attn = jax.vmap(
+            one_head,
+            in_axes=(1, 1, 1, 0 if per_head_mask else None, None if key is None else 0),
+            out_axes=1,
+        )(q, k, v, mask, keys)
+        return self.output_proj(attn.reshape(query.shape[0], -1))
