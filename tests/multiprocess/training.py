@@ -100,6 +100,8 @@ def gathered(tree: Any) -> dict[str, np.ndarray]:
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         if isinstance(leaf, jax.Array):
             name = jax.tree_util.keystr(path)
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                leaf = jax.random.key_data(leaf)
             out[name] = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
     return out
 

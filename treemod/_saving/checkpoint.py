@@ -28,6 +28,7 @@ from treemod._saving.leaves import (
     simple_kind,
     wrap_key,
 )
+from treemod._saving.multihost import check_addressable
 from treemod._saving.safetensors_read import open_checkpoint
 from treemod._saving.safetensors_write import DTYPES, write_checkpoint
 from treemod._tree.filters import is_array
@@ -146,12 +147,7 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
                 "values. Save the concrete tree (abstract trees are for `like` when loading)."
             )
         if is_array(leaf):
-            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-                raise ValueError(
-                    f"save: the array at {name} is sharded across processes and not fully "
-                    "addressable from this one; gather it first (or use a multi-host "
-                    "checkpointer such as Orbax)."
-                )
+            check_addressable(name, leaf)
             if is_key(leaf):
                 keys[name] = key_record(leaf)
                 leaf = jax.random.key_data(leaf)

@@ -1,0 +1,129 @@
+"""Checkpoints of trees whose arrays span processes, through Orbax (run by harness.run_function).
+
+`save_while_training` (2 processes x 2 devices) trains a model whose weights are sharded across
+both processes, saves it with Orbax's `CheckpointManager` asynchronously at step 1 while training
+goes on, then again at the last step, and checks that `tm.save` refuses the tree. `restore`
+(any number of processes and devices) builds the skeleton with `tm.filter_eval_shape`, gives it
+this run's shardings, and restores the checkpoint onto them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import treemod as tm
+from multiprocess import training
+
+
+class Trainer(tm.Module):
+    """What a training run checkpoints: the model (with BatchNorm `State`), a PRNG key, a step
+    count, and a static field (not stored: it comes from the skeleton)."""
+
+    net: training.NormNet
+    key: jax.Array
+    step: jax.Array
+    name: str = tm.field(static=True)
+
+
+def fresh() -> Trainer:
+    """The state before training, the same on every process."""
+    return Trainer(
+        training.NormNet(jax.random.key(0)), jax.random.key(7), jnp.zeros((), jnp.int32), "run-1"
+    )
+
+
+def shardings(tree: Any) -> Any:
+    """Weights split along their first axis over every device (of every process); the rest
+    (biases, BatchNorm statistics, the key, the step) replicated."""
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+
+    def place(leaf: Any) -> NamedSharding:
+        split = leaf.ndim == 2 and leaf.shape[0] % jax.device_count() == 0
+        return NamedSharding(mesh, P("data", None) if split else P())
+
+    return jax.tree.map(place, tm.filter(tree, tm.is_array))
+
+
+def _step(trainer: Trainer, x: jax.Array, y: jax.Array) -> tuple[Trainer, jax.Array]:
+    net, loss = training.norm_step(trainer.net, x, y)
+    key, _ = jax.random.split(trainer.key)
+    return tm.tree_at(lambda t: (t.net, t.key, t.step), trainer, (net, key, trainer.step + 1)), loss
+
+
+def save_while_training(folder: str) -> dict[str, Any]:
+    """Train three steps, saving asynchronously after the first and after the last."""
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    batch = NamedSharding(mesh, P("data"))
+    # Built inside filter_jit, each process computes only its own shards. (Outside, device_put
+    # cannot place a PRNG key array on devices of other processes.)
+    trainer = tm.filter_jit(lambda: tm.filter_shard(fresh(), shardings(fresh())))()
+    out: dict[str, Any] = {"spans": not trainer.net.first.weight.is_fully_addressable}
+
+    # tm.save refuses, naming the leaf and the recipe, and writes nothing.
+    target = os.path.join(folder, f"tm-{jax.process_index()}.safetensors")
+    try:
+        tm.save(target, trainer)
+    except tm.CheckpointError as e:
+        out["tm_save_error"] = str(e)
+    out["tm_save_wrote"] = os.path.exists(target) or any(
+        n.startswith(f"tm-{jax.process_index()}") for n in os.listdir(folder)
+    )
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=True)
+    xs, ys = training.data()
+    losses, in_progress = [], []
+    with ocp.CheckpointManager(os.path.join(folder, "orbax"), options=options) as manager:
+        for i, (xg, yg) in enumerate(zip(xs, ys, strict=True)):
+            x = jax.make_array_from_process_local_data(batch, training.local_rows(xg))
+            y = jax.make_array_from_process_local_data(batch, training.local_rows(yg))
+            trainer, loss = _step(trainer, x, y)
+            losses.append(float(loss))
+            if i == 0:
+                manager.save(1, args=ocp.args.StandardSave(trainer))
+                out.update({f"step1/{k}": v for k, v in training.gathered(trainer).items()})
+            in_progress.append(manager.is_saving_in_progress())
+        manager.save(int(trainer.step), args=ocp.args.StandardSave(trainer))
+        manager.wait_until_finished()
+        out["steps"] = np.array(manager.all_steps())
+    out["losses"] = np.array(losses)
+    out["in_progress"] = np.array(in_progress)
+    out.update({f"last/{k}": v for k, v in training.gathered(trainer).items()})
+    out["last/key_data"] = np.asarray(jax.random.key_data(trainer.key))
+    return out
+
+
+def restore(folder: str, steps: list[int]) -> dict[str, Any]:
+    """Restore each of `steps` onto this run's devices; what came back, prefixed by the step."""
+    skeleton = tm.filter_eval_shape(fresh)
+    placed = jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        tm.filter(skeleton, tm.is_array),
+        shardings(skeleton),
+    )
+    skeleton = tm.combine(placed, skeleton)
+    out: dict[str, Any] = {}
+    with ocp.CheckpointManager(os.path.join(folder, "orbax")) as manager:
+        out["latest"] = manager.latest_step()
+        for step in steps:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(skeleton))
+            facts = {
+                "type": type(restored).__name__,
+                "name": restored.name,
+                "state_type": type(restored.net.norm.running_mean).__name__,
+                "key_impl": str(jax.random.key_impl(restored.key)),
+                "sharding_matches": restored.net.first.weight.sharding.is_equivalent_to(
+                    placed.net.first.weight.sharding, 2
+                ),
+                "shard_rows": restored.net.first.weight.addressable_shards[0].data.shape[0],
+                **training.gathered(restored),
+            }
+            out.update({f"{step}/{k}": v for k, v in facts.items()})
+    return out

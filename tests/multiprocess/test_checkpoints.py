@@ -1,0 +1,109 @@
+"""Checkpoints of models sharded across processes, through Orbax.
+
+Saved by 2 processes x 2 devices (weights split across both, asynchronously while training goes
+on), restored by 1 process x 4 devices and 1 process x 2 (resharded onto `filter_eval_shape`
+skeletons that carry the new shardings). References: a plain-JAX run of the same training
+(tests/multiprocess/test_training.py's), and the model built from the same key in this process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from multiprocess import training
+from multiprocess.conftest import Launch
+from multiprocess.test_training import NAMES, _reference
+
+Results = list[dict[str, np.ndarray]]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("multihost-checkpoints")
+
+
+@pytest.fixture(scope="module")
+def saved(launch: Launch, folder: Path) -> Results:
+    target = "multiprocess.checkpointing:save_while_training"
+    return launch(target, processes=2, devices=2, folder=str(folder))
+
+
+@pytest.fixture(scope="module", params=[4, 2], ids=["1x4", "1x2"])
+def restored(
+    request: pytest.FixtureRequest, launch: Launch, folder: Path, saved: Results
+) -> Results:
+    target = "multiprocess.checkpointing:restore"
+    return launch(target, processes=1, devices=request.param, folder=str(folder), steps=[1, 3])
+
+
+def test_training_while_saving_matches_the_reference(saved: Results) -> None:
+    losses, params, mean, _ = _reference(norm=True)
+    for result in saved:
+        assert bool(result["spans"])  # the weights really span both processes
+        np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
+        np.testing.assert_allclose(
+            result["last/.net.norm.running_mean.value"], mean, rtol=1e-5, atol=1e-6
+        )
+        for short, name in NAMES.items():
+            np.testing.assert_allclose(
+                result[f"last/.net{name}"], params[short], rtol=1e-5, atol=1e-6
+            )
+        assert result["steps"].tolist() == [1, 3]
+        assert int(result["last/.step"]) == 3
+
+
+def test_tm_save_refuses_arrays_spanning_processes_and_writes_nothing(saved: Results) -> None:
+    for i, result in enumerate(saved):
+        message = str(result["tm_save_error"])
+        assert message.startswith("save: the array at .net.first.weight (shape (8, 3)")
+        assert f"spans 2 processes, and this process ({i}) holds only some" in message
+        assert "docs/concepts/many-hosts.md" in message
+        assert not bool(result["tm_save_wrote"])
+
+
+def test_restore_onto_other_devices_gives_the_saved_model(
+    saved: Results, restored: Results
+) -> None:
+    (result,) = restored
+    devices = training.BATCH // int(result["3/shard_rows"])
+    assert int(result["latest"]) == 3
+    for step, prefix in ((1, "step1"), (3, "last")):
+        assert str(result[f"{step}/type"]) == "Trainer"
+        assert str(result[f"{step}/name"]) == "run-1"  # a static field, from the skeleton
+        assert str(result[f"{step}/state_type"]) == "State"
+        assert str(result[f"{step}/key_impl"]) == str(jax.random.key_impl(jax.random.key(0)))
+        assert bool(result[f"{step}/sharding_matches"])  # the skeleton's sharding, not the saved
+        assert devices in (2, 4)
+        for name in [
+            *(f".net{n}" for n in NAMES.values()),
+            ".key",
+            ".step",
+            ".net.norm.running_mean.value",
+            ".net.norm.running_var.value",
+        ]:
+            # Both saving processes agree, and the restored arrays are what they saved.
+            np.testing.assert_array_equal(
+                saved[0][f"{prefix}/{name}"], saved[1][f"{prefix}/{name}"]
+            )
+            np.testing.assert_array_equal(result[f"{step}/{name}"], saved[0][f"{prefix}/{name}"])
+    # The key came back as a typed key with the key data the run ended with.
+    np.testing.assert_array_equal(result["3/.key"], saved[0]["last/key_data"])
+    assert int(result["1/.step"]) == 1
+
+
+def test_the_first_checkpoint_holds_step_one_not_later_steps(
+    saved: Results, restored: Results
+) -> None:
+    # Saved asynchronously while two more steps ran: the checkpoint is the step-1 model.
+    (result,) = restored
+    xs, ys = training.data()
+    model = training.NormNet(jax.random.key(0))
+    model, _ = training.norm_step(model, xs[0], ys[0])
+    np.testing.assert_allclose(
+        result["1/.net.first.weight"], np.asarray(model.first.weight), rtol=1e-5, atol=1e-6
+    )
+    assert not np.allclose(result["1/.net.first.weight"], result["3/.net.first.weight"])
