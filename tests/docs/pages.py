@@ -13,6 +13,8 @@ so a new page is tested as soon as it exists. On a page:
   `<!-- shared -->` is setup that runs with treemod's blocks and before each peer's;
   `<!-- peer: NAME -->` is another library's code (NAME in `PEER_MODULES`), run with the page's
   shared blocks in a namespace of its own, when that library is installed.
+  `<!-- multiprocess: N -->` is code for N processes joined by `jax.distributed`: not run here,
+  but by tests/multiprocess/test_docs_page.py, through its harness.
 - Other fences (bash, toml, ...) are not run.
 
 Blocks run with JAX's standard dtype promotion, as users have it (optax's Adam mixes int32 step
@@ -52,7 +54,7 @@ PEER_MODULES = {
 }
 
 _FENCE = re.compile(r"^([ \t]*)```(\S*)[^\n]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
-_MARKER = re.compile(r"<!--\s*(skip|shared|peer:\s*[\w.]+)\s*-->\s*$")
+_MARKER = re.compile(r"<!--\s*(skip|shared|peer:\s*[\w.]+|multiprocess:\s*\d+)\s*-->\s*$")
 _OUTPUT_LANGUAGES = ("text", "output")
 _CHECKER = doctest.OutputChecker()
 _CHECK_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -18,6 +18,8 @@ from multiprocess import training
 from multiprocess.conftest import Launch
 from multiprocess.test_training import NAMES, _reference
 
+pytest.importorskip("orbax.checkpoint")  # an optional dependency (the multihost extra)
+
 Results = list[dict[str, np.ndarray]]
 
 
