@@ -6,6 +6,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Literal, overload
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from treemod._format.paths import function_name
@@ -62,18 +63,12 @@ class _PmapWrapper(TransformedFunction[P, R]):
             if_array(0), kwargs, "in_axes", name, kwargs_root
         )
 
-    def _compile(
-        self,
-        treedef: Any,
-        mask: tuple[Any, ...],
-        axes: tuple[Any, ...],
-        static: list[Any],
-        dynamic: list[Any],
-    ) -> tuple[Any, ...]:
+    def _compile(self, treedef: Any, mask: tuple, axes: tuple, static: list) -> tuple:
         plan: dict[str, Any] = {}
         fun, out_axes, name = self._fun, self._out_axes, self._name
 
-        def inner(dynamic: list[Any]) -> list[Any]:
+        def inner(dynamic: list, dummy: Any) -> list:
+            del dummy
             args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
             out = fun(*args, **kwargs)
             leaves, out_def = jtu.tree_flatten(out)
@@ -85,15 +80,13 @@ class _PmapWrapper(TransformedFunction[P, R]):
             return [x for x, arr in zip(leaves, is_array, strict=True) if arr]
 
         dyn_axes = [a for a, m in zip(axes, mask, strict=True) if m]
-        # `out_axes` must be known before tracing: trace once abstractly to learn it.
-        probe = jax.vmap(
-            inner, in_axes=(dyn_axes,), axis_size=self._axis_size, axis_name=self._axis_name
-        )
-        jax.eval_shape(probe, dynamic)
+        # One trace: every array output comes back on axis 0 and is moved (or, for an
+        # out_axes of None, its first copy taken) afterwards, so `out_axes` need not be
+        # known before tracing. A function of no mapped array gets a dummy mapped argument.
         pmapped = jax.pmap(
             inner,
-            in_axes=(dyn_axes,),
-            out_axes=plan["axes"],
+            in_axes=(dyn_axes, 0),
+            out_axes=0,
             axis_name=self._axis_name,
             axis_size=self._axis_size,
             donate_argnums=(0,) if self._donate != "none" else (),
@@ -120,10 +113,17 @@ class _PmapWrapper(TransformedFunction[P, R]):
                 raise error from None
             raise
         if entry is None:
-            entry = self._compile(treedef, mask, tuple(axes), static, dynamic)
+            entry = self._compile(treedef, mask, tuple(axes), static)
             self._cache[key] = entry
         pmapped, plan = entry
-        arrays = pmapped(dynamic)
+        size = self._axis_size
+        if size is None:
+            size = next(jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True) if a is not None)
+        arrays = pmapped(dynamic, jnp.zeros((size,), jnp.bool_))
+        arrays = [
+            x[0] if axis is None else (x if axis == 0 else jnp.moveaxis(x, 0, axis))
+            for x, axis in zip(arrays, plan["axes"], strict=True)
+        ]
         it_a, it_s = iter(arrays), iter(plan["static"])
         out = [next(it_a) if arr else next(it_s) for arr in plan["is_array"]]
         return plan["treedef"].unflatten(out)  # type: ignore[no-any-return]
