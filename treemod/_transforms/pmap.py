@@ -63,11 +63,17 @@ class _PmapWrapper(TransformedFunction[P, R]):
             if_array(0), kwargs, "in_axes", name, kwargs_root
         )
 
-    def _compile(self, treedef: Any, mask: tuple, axes: tuple, static: list) -> tuple:
+    def _compile(
+        self,
+        treedef: Any,
+        mask: tuple[bool, ...],
+        axes: tuple[int | None, ...],
+        static: list[Any],
+    ) -> tuple[Callable[..., Any], dict[str, Any]]:
         plan: dict[str, Any] = {}
         fun, out_axes, name = self._fun, self._out_axes, self._name
 
-        def inner(dynamic: list, dummy: Any) -> list:
+        def inner(dynamic: list[Any], dummy: Any) -> list[Any]:
             del dummy
             args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
             out = fun(*args, **kwargs)
