@@ -127,3 +127,21 @@ def restore(folder: str, steps: list[int]) -> dict[str, Any]:
             }
             out.update({f"{step}/{k}": v for k, v in facts.items()})
     return out
+
+
+def die_while_saving(folder: str) -> dict[str, Any]:
+    """Save step 1; then process 1 dies while process 0 saves step 2 (which never commits)."""
+    trainer = tm.filter_jit(lambda: tm.filter_shard(fresh(), shardings(fresh())))()
+    manager = ocp.CheckpointManager(
+        os.path.join(folder, "orbax"),
+        options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True),
+    )
+    manager.save(1, args=ocp.args.StandardSave(trainer))
+    manager.wait_until_finished()
+    if jax.process_index() == 1:
+        print("process 1 dies now", flush=True)
+        os._exit(3)
+    trainer = tm.tree_at(lambda t: t.step, trainer, trainer.step + 1)
+    manager.save(2, args=ocp.args.StandardSave(trainer))
+    manager.wait_until_finished()  # waits for process 1 forever: the harness stops the run
+    return {}

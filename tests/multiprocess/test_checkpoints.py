@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from multiprocess import training
+from multiprocess import harness, training
 from multiprocess.conftest import Launch
 from multiprocess.test_training import NAMES, _reference
 
@@ -109,3 +109,27 @@ def test_the_first_checkpoint_holds_step_one_not_later_steps(
         result["1/.net.first.weight"], np.asarray(model.first.weight), rtol=1e-5, atol=1e-6
     )
     assert not np.allclose(result["1/.net.first.weight"], result["3/.net.first.weight"])
+
+
+def test_a_process_dying_mid_save_leaves_the_last_complete_checkpoint(
+    launch: Launch, tmp_path: Path
+) -> None:
+    # Process 0 would wait for process 1 in its save: the run must fail at once, not hang.
+    with pytest.raises(harness.ProcessesFailed) as info:
+        launch(
+            "multiprocess.checkpointing:die_while_saving",
+            processes=2,
+            devices=2,
+            folder=str(tmp_path),
+        )
+    message = str(info.value)
+    assert "process 1 of 2 failed" in message and "process 1 dies now" in message
+    # Step 2 never committed: a restart (here, this process with its 8 devices) sees step 1.
+    from multiprocess import checkpointing  # imports orbax: after the skip above
+
+    result = checkpointing.restore(str(tmp_path), steps=[1])
+    assert int(result["latest"]) == 1
+    assert int(result["1/.step"]) == 0
+    np.testing.assert_array_equal(
+        result["1/.net.first.weight"], np.asarray(training.NormNet(jax.random.key(0)).first.weight)
+    )
