@@ -41,10 +41,9 @@ from treemod._transforms.derivatives import (
     filter_hessian,
     filter_jacfwd,
     filter_jacrev,
-    filter_jvp,
     filter_value_and_grad,
-    filter_vjp,
 )
+from treemod._transforms.jvp_vjp import filter_jvp, filter_vjp
 from treemod._transforms.pure_callback import filter_pure_callback
 from treemod._transforms.remat import filter_checkpoint
 from treemod._transforms.aot import LoadedCompiled, load_compiled, save_compiled
