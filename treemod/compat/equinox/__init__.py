@@ -73,6 +73,7 @@ from treemod import (
 from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
+from ._field import static_field
 from ._module import Module
 from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_equal
@@ -85,6 +86,7 @@ __all__ = [
     "EquinoxRuntimeError",
     "EquinoxTracetimeError",
     "RuntimeCheckError",
+    "static_field",
     "apply_updates",
     "combine",
     "filter",
