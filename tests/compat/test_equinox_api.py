@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -193,3 +195,19 @@ def test_static_field_is_a_deprecated_static_field() -> None:
 
     leaves = jax.tree_util.tree_leaves(WithStatic(jnp.ones(2)))
     assert len(leaves) == 1 and WithStatic(jnp.ones(2)).size == 3
+
+
+def test_abstract_variables_under_equinox_names() -> None:
+    class Base(teqx.Module):
+        x: teqx.AbstractVar[int]
+        y: teqx.AbstractClassVar[int]
+
+    class Half(Base):
+        x: int
+
+    class Full(Half):
+        y: ClassVar[int] = 1
+
+    assert (Base.__abstractvars__, Base.__abstractclassvars__) == ({"x"}, {"y"})
+    assert (Half.__abstractvars__, Half.__abstractclassvars__) == (frozenset(), {"y"})
+    assert (Full.__abstractvars__, Full.__abstractclassvars__) == (frozenset(), frozenset())

@@ -25,6 +25,16 @@ class _CompatMeta(_Meta):
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
         return super().__new__(mcs, name, bases, namespace, **kwargs)
 
+    @property
+    def __abstractvars__(cls) -> frozenset[str]:
+        """Equinox's name: the `AbstractVar`s this class leaves unprovided."""
+        return frozenset(cls.__tm_abstract_vars__ - cls.__tm_abstract_class_vars__)
+
+    @property
+    def __abstractclassvars__(cls) -> frozenset[str]:
+        """Equinox's name: the `AbstractClassVar`s this class leaves unprovided."""
+        return frozenset(cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__)
+
     def __instancecheck__(cls, instance: Any) -> bool:
         if cls is Module:
             return _Module in type(instance).__mro__
