@@ -99,7 +99,24 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+# What the coordinator says when another program took its port between `free_port` and binding.
+_PORT_TAKEN = ("Address already in use", "Failed to add port")
+
+
 def _launch(
+    argv_for: Any, num_processes: int, devices: int, timeout: float, workdir: Path
+) -> list[Finished]:
+    """`_launch_once`, again with a new port (twice at most) if the coordinator's was taken."""
+    for attempt in range(3):
+        try:
+            return _launch_once(argv_for, num_processes, devices, timeout, workdir)
+        except ProcessesFailed as e:
+            if attempt == 2 or not any(s in str(e) for s in _PORT_TAKEN):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch_once(
     argv_for: Any, num_processes: int, devices: int, timeout: float, workdir: Path
 ) -> list[Finished]:
     port = free_port()

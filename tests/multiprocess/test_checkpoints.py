@@ -18,6 +18,9 @@ from multiprocess import harness, training
 from multiprocess.conftest import Launch
 from multiprocess.test_training import NAMES, _reference
 
+# One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 pytest.importorskip("orbax.checkpoint")  # an optional dependency (the multihost extra)
 
 Results = list[dict[str, np.ndarray]]

@@ -13,6 +13,9 @@ import pytest
 from docs import pages
 from multiprocess import harness
 
+# One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 pytest.importorskip("orbax.checkpoint")  # optional dependencies the page uses
 pytest.importorskip("optax")
 

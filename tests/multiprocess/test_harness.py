@@ -11,6 +11,9 @@ import pytest
 
 from multiprocess import harness
 
+# One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -103,3 +106,25 @@ def test_free_ports_are_bindable() -> None:
     port = harness.free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_taken_coordinator_port_is_retried_with_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [taken.getsockname()[1]]  # the first run's port is in use by someone else
+        real = harness.free_port
+
+        def port() -> int:
+            ports.append(real())
+            return ports[-2] if len(ports) == 2 else ports[-1]
+
+        monkeypatch.setattr(harness, "free_port", port)
+        code = "import jax\njax.distributed.initialize()\nprint(jax.process_count())"
+        finished = harness.run_script(code, num_processes=2, devices_per_process=1, timeout=120)
+    assert len(ports) >= 3  # a second port was asked for
+    assert [f.stdout.splitlines()[-1] for f in finished] == ["2", "2"]

@@ -18,6 +18,9 @@ import pytest
 from multiprocess import training
 from multiprocess.conftest import Launch
 
+# One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
+pytestmark = pytest.mark.xdist_group("multiprocess")
+
 TARGET = "multiprocess.training:train_all"
 
 
