@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -96,6 +97,18 @@ def save_while_training(folder: str) -> dict[str, Any]:
     out["losses"] = np.array(losses)
     out["in_progress"] = np.array(in_progress)
     out.update({f"last/{k}": v for k, v in training.gathered(trainer).items()})
+
+    # The other way, for models one host can hold: gather, tm.save from process 0, and let every
+    # process tm.load onto its own shardings (the file on a disk all can read).
+    arrays = tm.filter(trainer.net, tm.is_array)
+    whole = jax.tree.map(lambda a: multihost_utils.process_allgather(a, tiled=True), arrays)
+    path = os.path.join(folder, "gathered.safetensors")
+    if jax.process_index() == 0:
+        tm.save(path, tm.combine(whole, trainer.net))
+    multihost_utils.sync_global_devices("tm.save done")
+    loaded = tm.load(path, like=trainer.net)
+    out["tm_load_equal"] = bool(tm.filter_jit(tm.tree_equal)(loaded, trainer.net))
+    out["tm_load_spans"] = not loaded.first.weight.is_fully_addressable
     out["last/key_data"] = np.asarray(jax.random.key_data(trainer.key))
     return out
 

@@ -70,6 +70,14 @@ def test_tm_save_refuses_arrays_spanning_processes_and_writes_nothing(saved: Res
         assert not bool(result["tm_save_wrote"])
 
 
+def test_tm_load_places_a_gathered_checkpoint_on_shardings_across_processes(
+    saved: Results,
+) -> None:
+    for result in saved:
+        assert bool(result["tm_load_equal"])
+        assert bool(result["tm_load_spans"])
+
+
 def test_restore_onto_other_devices_gives_the_saved_model(
     saved: Results, restored: Results
 ) -> None:

@@ -8,6 +8,7 @@ without treemod: the same initial numbers, the same global batches, plain SGD.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -47,6 +48,7 @@ def _initial(norm: bool) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in p.items()}
 
 
+@functools.cache
 def _reference(norm: bool) -> tuple[list[float], dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Plain JAX on one device: losses, final parameters, running mean and variance."""
     params = {k: jnp.asarray(v) for k, v in _initial(norm).items()}
