@@ -277,3 +277,46 @@ def test_batch_norm_accepts_a_batch_of_one_like_equinox() -> None:
     y1, _ = jax.vmap(ours, **run)(x, s1)
     y2, _ = jax.vmap(theirs, **run)(x, s2)
     np.testing.assert_allclose(y1, y2, atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_mlp_learnt_activation_per_neuron_like_equinox(scan: bool) -> None:
+    def build(lib: Any) -> Any:
+        return lib.nn.MLP(
+            2, 5, 8, 2, lib.nn.PReLU(), final_activation=lib.nn.PReLU(), scan=scan, key=K
+        )
+
+    ours, theirs = build(teqx), build(eqx)
+    assert ours.activation.negative_slope.shape == (2, 8)
+    assert ours.final_activation.negative_slope.shape == (5,)
+    x = jnp.array([0.5, -0.7])
+    np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-6)
+
+    def loss(model: Any) -> Any:
+        return jnp.sum(model(x))
+
+    g1 = teqx.filter_jit(teqx.filter_grad(loss))(ours)
+    g2 = eqx.filter_jit(eqx.filter_grad(loss))(theirs)
+    np.testing.assert_allclose(
+        g1.activation.negative_slope, g2.activation.negative_slope, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        g1.final_activation.negative_slope, g2.final_activation.negative_slope, rtol=1e-5
+    )
+
+
+def test_isinstance_across_namespaces() -> None:
+    import treemod as tm
+
+    mha = teqx.nn.MultiheadAttention(2, 4, key=K)
+    # Equinox code's custom initialisers select layers by type; treemod-built ones count.
+    assert isinstance(mha.query_proj, teqx.nn.Linear)
+    assert isinstance(tm.nn.Linear(2, 3, key=K), teqx.nn.Linear)
+    assert isinstance(teqx.nn.Linear(2, 3, key=K), tm.nn.Linear)
+    assert isinstance(tm.nn.LayerNorm(3), teqx.nn.LayerNorm)
+    assert not isinstance(tm.nn.Conv1d(1, 1, 1, key=K), teqx.nn.Linear)
+
+    class Custom(teqx.nn.Linear):
+        pass
+
+    assert not isinstance(tm.nn.Linear(2, 3, key=K), Custom)

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from treemod.nn._attention import MultiheadAttention as _MultiheadAttention
 from treemod.nn._utils import compute_dtype
 
+from ._alias import CompatLayerMeta
+
 __all__ = ["MultiheadAttention", "dot_product_attention", "dot_product_attention_weights"]
 
 
@@ -80,7 +82,7 @@ def dot_product_attention(
     return jnp.einsum("qk,kv->qv", weights, value)
 
 
-class MultiheadAttention(_MultiheadAttention):
+class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
     """Multi-head attention with Equinox's call (see the module docstring).
 
     Example:
@@ -92,6 +94,8 @@ class MultiheadAttention(_MultiheadAttention):
         >>> mha(q, kv, kv, mask).shape
         (5, 8)
     """
+
+    _treemod_layer = _MultiheadAttention
 
     def __call__(  # type: ignore[override]
         self,

@@ -10,10 +10,12 @@ import numpy as np
 from treemod.nn._embedding import Embedding as _Embedding
 from treemod.nn._rotary import RotaryPositionalEmbedding as _RotaryPositionalEmbedding
 
+from ._alias import CompatLayerMeta
+
 __all__ = ["Embedding", "RotaryPositionalEmbedding"]
 
 
-class Embedding(_Embedding):
+class Embedding(_Embedding, metaclass=CompatLayerMeta):
     """`treemod.nn.Embedding` whose negative indices count from the end, as in Equinox.
 
     Example:
@@ -24,6 +26,8 @@ class Embedding(_Embedding):
         Array([4., 5.], dtype=float32)
     """
 
+    _treemod_layer = _Embedding
+
     def __call__(self, x: Any, *, key: Any = None) -> Any:
         """Look up rows; `-1` is the last one. Indices outside `[-n, n)` are an error."""
         x = jnp.asarray(x)
@@ -32,7 +36,7 @@ class Embedding(_Embedding):
         return super().__call__(x)
 
 
-class RotaryPositionalEmbedding(_RotaryPositionalEmbedding):
+class RotaryPositionalEmbedding(_RotaryPositionalEmbedding, metaclass=CompatLayerMeta):
     """`treemod.nn.RotaryPositionalEmbedding` with Equinox's `precompute_freqs_cis` helper.
 
     Example:
@@ -42,6 +46,8 @@ class RotaryPositionalEmbedding(_RotaryPositionalEmbedding):
         >>> cos.shape
         (3, 2)
     """
+
+    _treemod_layer = _RotaryPositionalEmbedding
 
     @staticmethod
     def precompute_freqs_cis(

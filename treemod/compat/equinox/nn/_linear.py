@@ -13,10 +13,12 @@ from treemod.nn._dropout import Dropout as _Dropout
 from treemod.nn._linear import Linear as _Linear
 from treemod.nn._utils import default_dtype, require_key
 
+from ._alias import CompatLayerMeta
+
 __all__ = ["Linear", "Dropout"]
 
 
-class Linear(_Linear):
+class Linear(_Linear, metaclass=CompatLayerMeta):
     """`treemod.nn.Linear`, also with Equinox's zero sizes (`Linear(0, 4)` maps `(0,)` to `(4,)`).
 
     treemod's own `Linear` refuses a size of 0 as a likely mistake; Equinox accepts it, so the
@@ -28,6 +30,8 @@ class Linear(_Linear):
         >>> eqx.nn.Linear(0, 4, key=jax.random.key(0))(jnp.zeros(0)).shape
         (4,)
     """
+
+    _treemod_layer = _Linear
 
     def __init__(
         self,
@@ -54,7 +58,7 @@ class Linear(_Linear):
         self.use_bias = use_bias
 
 
-class Dropout(_Dropout):
+class Dropout(_Dropout, metaclass=CompatLayerMeta):
     """`treemod.nn.Dropout`, also accepting Equinox's deprecated `deterministic=` argument.
 
     Example:
@@ -63,6 +67,8 @@ class Dropout(_Dropout):
         >>> eqx.nn.Dropout(0.5, inference=True)(jnp.ones(2))
         Array([1., 1.], dtype=float32)
     """
+
+    _treemod_layer = _Dropout
 
     def __init__(
         self, p: float = 0.5, inference: bool = False, *, deterministic: bool | None = None

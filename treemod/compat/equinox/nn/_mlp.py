@@ -6,15 +6,22 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
 from jax import lax
 
 from treemod._module.module import field
+from treemod._transforms.vmap import filter_vmap, if_array
+from treemod._tree.filters import is_array
 from treemod.nn._linear import Linear
 from treemod.nn._mlp import MLP as _MLP
 from treemod.nn._mlp import _identity
 from treemod.nn._utils import require_key
 
 __all__ = ["MLP"]
+
+# Applies an activation (with its per-neuron parameters, if any) to each neuron: the last axis.
+_per_neuron = filter_vmap(lambda act, x: act(x), in_axes=(if_array(0), -1), out_axes=-1)
 
 
 class MLP(_MLP):
@@ -24,6 +31,10 @@ class MLP(_MLP):
     `scan=True` the `depth - 1` hidden-to-hidden layers are held as one `Linear` whose arrays
     have a leading axis of length `depth - 1` (`layers == (input, hidden_stack, output)`) and are
     applied with `jax.lax.scan`, which compiles one layer instead of `depth - 1`.
+
+    As in Equinox, `activation` holds one copy per hidden neuron (arrays of shape
+    `(depth, width_size, ...)` for a learnt activation such as `PReLU`) and `final_activation`
+    one per output, each applied to its own neuron.
 
     Arguments:
         in_size: input size, or `"scalar"`.
@@ -48,6 +59,9 @@ class MLP(_MLP):
         (3,)
     """
 
+    # Pytree nodes, as in Equinox: one copy of the activation per neuron (see the docstring).
+    activation: Callable[..., Any]  # type: ignore[misc]
+    final_activation: Callable[..., Any]  # type: ignore[misc]
     use_bias: bool = field(static=True)
     use_final_bias: bool = field(static=True)
     scan: bool = field(static=True)
@@ -105,15 +119,39 @@ class MLP(_MLP):
         self.use_bias = use_bias
         self.use_final_bias = use_final_bias
         self.scan = scan
+        if isinstance(width_size, int):
+            # Equinox keeps one copy per neuron, so a learnt activation (a PReLU) learns one
+            # slope per neuron: arrays of shape (depth, width_size) and (out_size,).
+            self.activation = filter_vmap(
+                filter_vmap(lambda: activation, axis_size=width_size), axis_size=depth
+            )()
+            if out_size != "scalar":
+                self.final_activation = filter_vmap(lambda: final_activation, axis_size=out_size)()
+
+    def _hidden_activation(self, i: Any, x: Any) -> Any:
+        if not isinstance(self.width_size, int):
+            return self.activation(x)
+        return _per_neuron(jtu.tree_map(lambda v: v[i] if is_array(v) else v, self.activation), x)
+
+    def _final(self, x: Any) -> Any:
+        if not isinstance(self.width_size, int) or self.out_size == "scalar":
+            return self.final_activation(x)
+        return _per_neuron(self.final_activation, x)
 
     def __call__(self, x: Any, *, key: Any = None) -> Any:
         """Apply the MLP to `(in_size,)` (or `()` for a scalar input; batch axes also work)."""
-        if not self.scan or self.depth == 0:
-            return super().__call__(x)
+        if self.depth == 0:
+            return self._final(self.layers[0](x))
+        if not self.scan:
+            for i, layer in enumerate(self.layers[:-1]):
+                x = self._hidden_activation(i, layer(x))
+            return self._final(self.layers[-1](x))
         first, hidden, last = self.layers
 
-        def step(h: Any, layer: Linear) -> tuple[Any, None]:
-            return self.activation(layer(h)), None
+        def step(h: Any, index_and_layer: tuple[Any, Linear]) -> tuple[Any, None]:
+            i, layer = index_and_layer
+            return self._hidden_activation(i, layer(h)), None
 
-        x, _ = lax.scan(step, self.activation(first(x)), hidden)
-        return self.final_activation(last(x))
+        x = self._hidden_activation(0, first(x))
+        x, _ = lax.scan(step, x, (jnp.arange(1, self.depth), hidden))
+        return self._final(last(x))

@@ -13,12 +13,14 @@ from treemod.nn._normalisation import GroupNorm as _GroupNorm
 from treemod.nn._normalisation import LayerNorm as _LayerNorm
 from treemod.nn._normalisation import RMSNorm as _RMSNorm
 
+from ._alias import CompatLayerMeta
+
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
 _NO_STATE: Any = object()
 
 
-class LayerNorm(_LayerNorm):
+class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta):
     """`treemod.nn.LayerNorm`, also callable as `y, state = ln(x, state)` (state unchanged).
 
     Example:
@@ -28,13 +30,15 @@ class LayerNorm(_LayerNorm):
         Array([-0.99999..., 0.99999...], dtype=float32)
     """
 
+    _treemod_layer = _LayerNorm
+
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
         """Normalise `x`; with a `state`, return `(y, state)`."""
         y = super().__call__(x)
         return y if state is _NO_STATE else (y, state)
 
 
-class RMSNorm(_RMSNorm):
+class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta):
     """`treemod.nn.RMSNorm`, also callable as `y, state = norm(x, state)` (state unchanged).
 
     Example:
@@ -44,13 +48,15 @@ class RMSNorm(_RMSNorm):
         (2,)
     """
 
+    _treemod_layer = _RMSNorm
+
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
         """Normalise `x`; with a `state`, return `(y, state)`."""
         y = super().__call__(x)
         return y if state is _NO_STATE else (y, state)
 
 
-class GroupNorm(_GroupNorm):
+class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta):
     """`treemod.nn.GroupNorm` on one example `(C, *spatial)`, also callable with a `State`.
 
     Example:
@@ -59,6 +65,8 @@ class GroupNorm(_GroupNorm):
         >>> eqx.nn.GroupNorm(2, 4)(jnp.ones((4, 5))).shape
         (4, 5)
     """
+
+    _treemod_layer = _GroupNorm
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
         """Normalise `x`; with a `state`, return `(y, state)`."""
