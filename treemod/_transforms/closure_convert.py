@@ -7,7 +7,10 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+# jax.extend.core's names, imported from where they live: `jax.extend` imports every one of its
+# submodules (Pallas among them), a quarter of `import treemod`'s time.
+from jax._src.core import ClosedJaxpr, jaxpr_as_fun
 
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
