@@ -186,7 +186,9 @@ def _sizes(value: Any) -> bool:
 
 def _entry(name: str, value: Any) -> Entry:
     if type(value) is dict and len(value) == 3:  # the common case: exactly the three fields
-        code, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+        code: Any = value.get("dtype")
+        shape: Any = value.get("shape")
+        offsets: Any = value.get("data_offsets")
         if (
             code.__class__ is str
             and code in _BITS
