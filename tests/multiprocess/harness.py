@@ -215,9 +215,12 @@ def run_function(
             result = str(workdir / f"result-{i}.npz")
             return [sys.executable, __file__, "function", target, arguments, result]
 
-        _launch(argv_for, num_processes, devices_per_process, timeout, workdir)
+        finished = _launch(argv_for, num_processes, devices_per_process, timeout, workdir)
         results = []
         for i in range(num_processes):
+            if not (workdir / f"result-{i}.npz").exists():
+                reason = f"process {i} of {num_processes} exited (status 0) without a result"
+                raise ProcessesFailed(_describe(finished, reason))
             with np.load(workdir / f"result-{i}.npz") as data:
                 results.append({k: data[k] for k in data.files})
         return results
@@ -266,7 +269,9 @@ def _main(argv: list[str]) -> None:
 
     module, name = target.split(":")
     out = getattr(importlib.import_module(module), name)(**json.loads(arguments))
-    np.savez(result, **{k: np.asarray(v) for k, v in out.items()})
+    partial = f"{result}.partial.npz"  # renamed once complete: never read half-written
+    np.savez(partial, **{k: np.asarray(v) for k, v in out.items()})
+    os.replace(partial, result)
     jax.distributed.shutdown()
 
 

@@ -128,3 +128,13 @@ def test_a_taken_coordinator_port_is_retried_with_another(
         finished = harness.run_script(code, num_processes=2, devices_per_process=1, timeout=120)
     assert len(ports) >= 3  # a second port was asked for
     assert [f.stdout.splitlines()[-1] for f in finished] == ["2", "2"]
+
+
+def test_a_process_that_leaves_without_its_result_fails_the_run() -> None:
+    with pytest.raises(harness.ProcessesFailed) as info:
+        harness.run_function(
+            "multiprocess.probes:exit_without_result", num_processes=1, devices_per_process=1
+        )
+    message = str(info.value)
+    assert "process 0 of 1 exited (status 0) without a result" in message
+    assert "leaving early" in message
