@@ -123,7 +123,14 @@ class _PmapWrapper(TransformedFunction[P, R]):
             self._cache[key] = entry
         pmapped, plan = entry
         size = self._axis_size
-        if size is None:
+        for x, a in zip(leaves, axes, strict=True):
+            if a is not None and not -jnp.ndim(x) <= a < jnp.ndim(x):
+                raise ValueError(
+                    f"filter_pmap({self._name}): in_axes maps axis {a} of an argument of shape "
+                    f"{jnp.shape(x)}, which has no such axis. Give it None (or use "
+                    "tm.if_array(0) only for arrays with a device axis)."
+                )
+        if size is None:  # the dummy's size: that of the first mapped axis
             size = next(jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True) if a is not None)
         arrays = pmapped(dynamic, jnp.zeros((size,), jnp.bool_))
         arrays = [
