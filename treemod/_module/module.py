@@ -15,6 +15,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, dataclass_tra
 import jax.tree_util as jtu
 
 from treemod._format.pretty import tree_pformat
+from treemod._module.construction import (
+    CONTAINERS,
+    SUSPECT_TYPES,
+    annotate_converted_arguments,
+    check_suspect_value,
+    inherits_custom_init,
+    make_tree_functions,
+    provided_by_class,
+)
 from treemod._shapecheck.checker import check_fields
 from treemod._shapecheck.class_hooks import install_class_checks
 from treemod._tree.filters import is_array
@@ -79,7 +88,14 @@ def field(
         Array(2., dtype=float32, weak_type=True)
     """
     metadata = dict(kwargs.pop("metadata", None) or {})
-    metadata["static"] = static
+    for option in ("static", "converter"):
+        if option in metadata:
+            raise ValueError(
+                f"field(metadata=...) has the key {option!r}, which `field` sets itself; pass "
+                f"`{option}=` as an argument instead."
+            )
+    if static:
+        metadata["static"] = True
     if converter is not None:
         metadata["converter"] = converter
     return dataclasses.field(metadata=metadata, **kwargs)
@@ -131,56 +147,22 @@ _ABSTRACT_VAR = re.compile(r"(^|\.)AbstractVar\[")
 _ABSTRACT_CLASS_VAR = re.compile(r"(^|\.)AbstractClassVar\[")
 
 
-def _abstract_kind(annotation: Any) -> str | None:
+def _abstract_kind(annotation: Any, owner: str = "") -> str | None:
     """Classify an annotation: "var" (`AbstractVar[...]`), "classvar" (`AbstractClassVar`), None."""
     if isinstance(annotation, str):
         if _ABSTRACT_VAR.search(annotation):
             return "var"
         return "classvar" if _ABSTRACT_CLASS_VAR.search(annotation) else None
+    if annotation is AbstractVar or annotation is AbstractClassVar:
+        kind = "AbstractVar" if annotation is AbstractVar else "AbstractClassVar"
+        raise TypeError(
+            f"{owner} is annotated with an unsubscripted {kind}; give the attribute's type, "
+            f"as in `{kind}[int]`."
+        )
     origin = getattr(annotation, "__origin__", None)
     if origin is AbstractVar:
         return "var"
     return "classvar" if origin is AbstractClassVar else None
-
-
-def _make_tree_functions(
-    cls: type,
-) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """Generate flatten, flatten-with-keys and unflatten functions specialised to `cls`'s fields.
-
-    The generated code has no loops and no introspection. Unflattening fills the new object's
-    `__dict__` with one `update` call, in field order: this skips `__init__` and keeps attribute
-    reads as fast as on a plain dataclass (item-by-item `__dict__` assignment slows them ~2x).
-    """
-    fields = dataclasses.fields(cls)
-    dynamic = [f.name for f in fields if not f.metadata.get("static", False)]
-    static = [f.name for f in fields if f.metadata.get("static", False)]
-    local = {n: f"_c{i}" for i, n in enumerate(dynamic)}
-    local.update({n: f"_s{i}" for i, n in enumerate(static)})
-    dyn_tuple = "".join(f"o.{n}, " for n in dynamic)
-    aux = "(" + "".join(f"o.{n}, " for n in static) + ")" if static else "None"
-    keyed = "".join(f"(_k{i}, o.{n}), " for i, n in enumerate(dynamic))
-    lines = [
-        "def flatten(o):",
-        f"    return ({dyn_tuple}), {aux}",
-        "def flatten_with_keys(o):",
-        f"    return ({keyed}), {aux}",
-        "def unflatten(aux, children):",
-        "    o = _new(_cls)",
-    ]
-    if dynamic:
-        lines.append(f"    {''.join(local[n] + ', ' for n in dynamic)}= children")
-    if static:
-        lines.append(f"    {''.join(local[n] + ', ' for n in static)}= aux")
-    if fields:
-        lines.append(
-            f"    o.__dict__.update({', '.join(f'{f.name}={local[f.name]}' for f in fields)})"
-        )
-    lines.append("    return o")
-    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    namespace.update({f"_k{i}": jtu.GetAttrKey(n) for i, n in enumerate(dynamic)})
-    exec("\n".join(lines), namespace)
-    return namespace["flatten"], namespace["flatten_with_keys"], namespace["unflatten"]
 
 
 @dataclass_transform(field_specifiers=(dataclasses.field, field))
@@ -192,18 +174,38 @@ class _ModuleMeta(abc.ABCMeta):
     ) -> Any:
         install_class_checks(namespace, kwargs)  # shape checks: `shapecheck=`, wrap methods
         annotations = dict(namespace.get("__annotations__", {}))
-        kinds = {k: _abstract_kind(v) for k, v in annotations.items()}
+        kinds = {k: _abstract_kind(v, f"{name}.{k}") for k, v in annotations.items()}
         own_abstract = {k for k, kind in kinds.items() if kind is not None}
+        for k in own_abstract:
+            if k in namespace:
+                raise TypeError(
+                    f"{name}.{k} is declared abstract ({annotations[k]}), so it cannot have value "
+                    "in this class: provide the value in a concrete subclass, or drop the "
+                    "abstract annotation."
+                )
         own_class_vars = {k for k, kind in kinds.items() if kind == "classvar"}
         for k in own_abstract:
             del annotations[k]
         namespace["__annotations__"] = annotations
         cls: Any = super().__new__(mcs, name, bases, namespace, **kwargs)
 
-        own_init = "__init__" in namespace
-        inherited_custom_init = any(getattr(b, "__tm_custom_init__", False) for b in bases)
-        cls.__tm_custom_init__ = own_init or (inherited_custom_init and not annotations)
+        cls.__tm_custom_init__ = "__init__" in namespace or (
+            inherits_custom_init(cls) and not annotations
+        )
+        init_doc = cls.__init__.__doc__  # a generated `__init__` keeps the inherited docstring
         cls = dataclasses.dataclass(eq=False, repr=False, init=not cls.__tm_custom_init__)(cls)
+        if cls.__tm_custom_init__:
+            if hasattr(cls, "__post_init__"):
+                warnings.warn(
+                    f"{cls.__module__}.{cls.__qualname__} has a custom `__init__` method and a "
+                    "`__post_init__` method, so `__post_init__` is never run (only a generated "
+                    "`__init__` calls it). Do its work at the end of `__init__`, or put checks "
+                    "in `__check_init__`, which always runs.",
+                    stacklevel=2,
+                )
+        else:
+            cls.__init__.__doc__ = init_doc
+            annotate_converted_arguments(cls)
 
         # Abstract variables stay abstract until a field, class attribute or property provides
         # them, here or in any base (so diamonds resolve as attribute lookup does).
@@ -212,6 +214,8 @@ class _ModuleMeta(abc.ABCMeta):
             *(getattr(b, "__tm_abstract_class_vars__", set()) for b in bases)
         )
         field_names = {f.name for f in dataclasses.fields(cls)}  # ClassVars excluded
+        if not cls.__tm_strict_class_vars__:  # a field may provide it (the compat namespace)
+            class_vars -= field_names
         for n in class_vars & field_names:
             raise TypeError(
                 f"{cls.__qualname__}.{n} is declared as an AbstractClassVar by a base class, "
@@ -222,7 +226,13 @@ class _ModuleMeta(abc.ABCMeta):
             n for n in inherited | own_abstract if n not in field_names and not hasattr(cls, n)
         )
 
-        fields = dataclasses.fields(cls)
+        # A field that a subclass overrides with a property or a class attribute (or a slot) is
+        # provided by the class: it is not stored on instances and is no part of the tree.
+        fields = tuple(f for f in dataclasses.fields(cls) if not provided_by_class(cls, f))
+        cls.__tm_fields__ = fields
+        cls.__tm_class_provided__ = tuple(
+            f.name for f in dataclasses.fields(cls) if f not in fields
+        )
         cls.__tm_converters__ = tuple(
             (f.name, f.metadata["converter"]) for f in fields if "converter" in f.metadata
         )
@@ -230,7 +240,7 @@ class _ModuleMeta(abc.ABCMeta):
         cls.__tm_check_inits__ = tuple(
             k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in k.__dict__
         )
-        flatten, flatten_with_keys, unflatten = _make_tree_functions(cls)
+        flatten, flatten_with_keys, unflatten = make_tree_functions(cls, fields)
         jtu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten_func=flatten)
         return cls
 
@@ -275,7 +285,7 @@ def _raise_abstract(cls: Any) -> None:
         parts.append(f"abstract attributes (AbstractVar) {', '.join(sorted(missing))}")
     if missing_class_vars:
         names = ", ".join(sorted(missing_class_vars))
-        parts.append(f"abstract class variables (AbstractClassVar) {names}")
+        parts.append(f"abstract class attributes (AbstractClassVar) {names}")
     if cls.__abstractmethods__:
         parts.append(f"abstract methods {', '.join(sorted(cls.__abstractmethods__))}")
     raise TypeError(
@@ -288,26 +298,40 @@ def _raise_abstract(cls: Any) -> None:
 def _finish_init(cls: Any, self: Any) -> None:
     """Fill defaults, check every field is set, run converters, warn on arrays in static fields."""
     d = self.__dict__
-    for f in dataclasses.fields(cls):
-        if f.name in d:
+    for f in cls.__tm_fields__:
+        name = f.name
+        if name in d:
+            if type(d[name]) in SUSPECT_TYPES:
+                check_suspect_value(cls, self, name, d[name])
             continue
         if f.default is not dataclasses.MISSING:
-            d[f.name] = f.default
+            d[name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
-            d[f.name] = f.default_factory()
+            d[name] = f.default_factory()
         else:
-            raise ValueError(
-                f"{cls.__qualname__}.__init__ did not set the field '{f.name}'. Every field "
-                "must be set in __init__ (or given a default)."
+            raise TypeError(
+                f"Field '{name}' was not initialized: {cls.__qualname__}.__init__ did not set "
+                f"it. Set `self.{name}` in __init__, or give the field a default."
             )
+    if cls.__tm_class_provided__:
+        for name in cls.__tm_class_provided__:
+            if name in d:
+                raise TypeError(
+                    f"{cls.__qualname__}.__init__ set '{name}', a field of a base class that "
+                    f"{cls.__qualname__} overrides with a class-level value, so it is no longer "
+                    "stored on instances. Remove the override, or do not set it in __init__."
+                )
     for name, converter in cls.__tm_converters__:
         d[name] = converter(d[name])
     for name in cls.__tm_static_fields__:
-        if is_array(d[name]):
+        value = d[name]
+        if is_array(value) or (
+            isinstance(value, CONTAINERS) and any(map(is_array, jtu.tree_leaves(value)))
+        ):
             warnings.warn(
-                f"{cls.__qualname__}.{name} is a static field holding an array. Static fields "
-                "are compared by value when JAX checks tree structures, which is slow and "
-                "fragile for arrays; make it a normal field instead.",
+                f"A JAX array is being set as static! {cls.__qualname__}.{name} is a static "
+                "field holding an array. Static fields are compared by value when JAX checks "
+                "tree structures, which is slow and fragile for arrays; make it a normal field.",
                 stacklevel=3,
             )
     # A fresh (combined) dict: CPython 3.11 reads attributes from the split dict that reading
@@ -353,6 +377,10 @@ class Module(metaclass=_ModuleMeta):
     # extra leading axis) sets it to False, and modules rebuilt below it are not shape-checked.
     __tm_check_descendants__: ClassVar[bool] = True
 
+    # Whether a field may not provide an `AbstractClassVar` of a base (an error in treemod; the
+    # compat namespace's `Module` allows it, as Equinox does).
+    __tm_strict_class_vars__: ClassVar[bool] = True
+
     def __setattr__(self, name: str, value: Any) -> None:
         if id(self) in _INITIALISING:
             if name not in self.__dataclass_fields__:
@@ -360,6 +388,9 @@ class Module(metaclass=_ModuleMeta):
                     f"{type(self).__qualname__} has no field '{name}'. Declare it in the class "
                     f"body (for example `{name}: jax.Array`) before setting it in __init__."
                 )
+            _setattr(self, name, value)
+            return
+        if name == "__orig_class__":  # set by `typing` on `SomeModule[int]()`
             _setattr(self, name, value)
             return
         cls_name = type(self).__qualname__

@@ -10,20 +10,37 @@ Equinox does not check the jaxtyping annotations of a module's fields and method
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from treemod._module.bound_method import bind_methods
+from treemod._module.bound_method import BoundMethod, bind_methods
 from treemod._module.module import Module as _Module
 
 __all__ = ["Module"]
 
 _Meta: Any = type(_Module)
+_REFUSED_STRINGS = ("AbstractVar[", "AbstractClassVar[")
 
 
 class _CompatMeta(_Meta):
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+        for key, annotation in namespace.get("__annotations__", {}).items():
+            if isinstance(annotation, str) and annotation.startswith(_REFUSED_STRINGS):
+                # Equinox refuses these; treemod.Module accepts them (and so does this class
+                # for qualified ones, `"eqx.AbstractVar[int]"`, which Equinox takes as fields).
+                raise NotImplementedError(
+                    f"{name}.{key}: stringified abstract annotations ({annotation!r}, as under "
+                    "`from __future__ import annotations`) are not supported by eqx.Module, as "
+                    "in Equinox. Use an unquoted annotation, or subclass treemod.Module, which "
+                    "supports them."
+                )
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
-        return super().__new__(mcs, name, bases, namespace, **kwargs)
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        # As in Equinox, a plain annotation (`x: ClassVar[bool]`, no value) provides an abstract
+        # attribute of a base; treemod.Module waits for a value.
+        declared = set(namespace.get("__annotations__", {}))  # abstract ones were removed
+        if cls.__tm_abstract_vars__ & declared:
+            cls.__tm_abstract_vars__ = cls.__tm_abstract_vars__ - declared
+        return cls
 
     @property
     def __abstractvars__(cls) -> frozenset[str]:
@@ -36,8 +53,9 @@ class _CompatMeta(_Meta):
         return frozenset(cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__)
 
     def __instancecheck__(cls, instance: Any) -> bool:
-        if cls is Module:
-            return _Module in type(instance).__mro__
+        if cls is Module:  # every treemod module, and bound methods (modules in Equinox)
+            kind = type(instance)
+            return _Module in kind.__mro__ or kind is BoundMethod
         return super().__instancecheck__(instance)
 
     def __subclasscheck__(cls, subclass: Any) -> bool:
@@ -48,6 +66,9 @@ class _CompatMeta(_Meta):
 
 class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
     """`treemod.Module` for Equinox code: subclasses skip shape checks unless they opt in.
+
+    As in Equinox, a field may provide a base's `AbstractClassVar`, and stringified abstract
+    annotations raise `NotImplementedError`; `isinstance(model.method, eqx.Module)` is true.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -63,3 +84,5 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
         >>> isinstance(tm.nn.Linear(2, 2, key=jax.random.key(0)), eqx.Module)
         True
     """
+
+    __tm_strict_class_vars__: ClassVar[bool] = False
