@@ -227,8 +227,13 @@ class _ModuleMeta(abc.ABCMeta):
         )
 
         # A field that a subclass overrides with a property or a class attribute (or a slot) is
-        # provided by the class: it is not stored on instances and is no part of the tree.
-        fields = tuple(f for f in dataclasses.fields(cls) if not provided_by_class(cls, f))
+        # provided by the class, unless a generated __init__ stores it: it is not stored on
+        # instances and is no part of the tree.
+        fields = tuple(
+            f
+            for f in dataclasses.fields(cls)
+            if not ((cls.__tm_custom_init__ or not f.init) and provided_by_class(cls, f))
+        )
         cls.__tm_fields__ = fields
         cls.__tm_class_provided__ = tuple(
             f.name for f in dataclasses.fields(cls) if f not in fields

@@ -35,9 +35,11 @@ class _CompatMeta(_Meta):
                 )
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
-        # As in Equinox, a plain annotation (`x: ClassVar[bool]`, no value) provides an abstract
-        # attribute of a base; treemod.Module waits for a value.
-        declared = set(namespace.get("__annotations__", {}))  # abstract ones were removed
+        # As in Equinox, an annotation without a value (`x: ClassVar[bool]`) provides a base's
+        # AbstractClassVar; treemod.Module waits for a value.
+        declared = cls.__tm_abstract_class_vars__.intersection(
+            namespace.get("__annotations__", {})  # the abstract ones were removed
+        )
         if cls.__tm_abstract_vars__ & declared:
             cls.__tm_abstract_vars__ = cls.__tm_abstract_vars__ - declared
         return cls
