@@ -334,9 +334,10 @@ def _finish_init(cls: Any, self: Any) -> None:
             isinstance(value, CONTAINERS) and any(map(is_array, jtu.tree_leaves(value)))
         ):
             warnings.warn(
-                f"A JAX array is being set as static! {cls.__qualname__}.{name} is a static "
-                "field holding an array. Static fields are compared by value when JAX checks "
-                "tree structures, which is slow and fragile for arrays; make it a normal field.",
+                f"{cls.__qualname__}.{name} is a static field holding an array (Equinox's "
+                "warning: A JAX array is being set as static!). Static fields are compared by "
+                "value when JAX checks tree structures, which is slow and fragile for arrays; "
+                "make it a normal field.",
                 stacklevel=3,
             )
     # A fresh (combined) dict: CPython 3.11 reads attributes from the split dict that reading
