@@ -235,6 +235,7 @@ class _ModuleMeta(abc.ABCMeta):
             if not ((cls.__tm_custom_init__ or not f.init) and provided_by_class(cls, f))
         )
         cls.__tm_fields__ = fields
+        cls.__tm_field_names__ = frozenset(f.name for f in fields)
         cls.__tm_class_provided__ = tuple(
             f.name for f in dataclasses.fields(cls) if f not in fields
         )
@@ -303,21 +304,23 @@ def _raise_abstract(cls: Any) -> None:
 def _finish_init(cls: Any, self: Any) -> None:
     """Fill defaults, check every field is set, run converters, warn on arrays in static fields."""
     d = self.__dict__
-    for f in cls.__tm_fields__:
-        name = f.name
-        if name in d:
-            if type(d[name]) in SUSPECT_TYPES:
-                check_suspect_value(cls, self, name, d[name])
-            continue
-        if f.default is not dataclasses.MISSING:
-            d[name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            d[name] = f.default_factory()
-        else:
-            raise TypeError(
-                f"Field '{name}' was not initialized: {cls.__qualname__}.__init__ did not set "
-                f"it. Set `self.{name}` in __init__, or give the field a default."
-            )
+    if not d.keys() >= cls.__tm_field_names__:  # some field unset: its default, or an error
+        for f in cls.__tm_fields__:
+            if f.name in d:
+                continue
+            if f.default is not dataclasses.MISSING:
+                d[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                d[f.name] = f.default_factory()
+            else:
+                raise TypeError(
+                    f"Field '{f.name}' was not initialized: {cls.__qualname__}.__init__ did not "
+                    f"set it. Set `self.{f.name}` in __init__, or give the field a default."
+                )
+    if not SUSPECT_TYPES.isdisjoint(map(type, d.values())):  # one pass in C
+        for name, value in list(d.items()):
+            if type(value) in SUSPECT_TYPES:
+                check_suspect_value(cls, self, name, value)
     if cls.__tm_class_provided__:
         for name in cls.__tm_class_provided__:
             if name in d:
