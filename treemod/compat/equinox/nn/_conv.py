@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partialmethod
 from typing import Any
 
 import jax
@@ -266,211 +267,40 @@ class ConvTranspose(_EquinoxFields, _ConvTranspose):  # type: ignore[misc]
         return _ConvTranspose.__call__(self, x)
 
 
+# Equinox's per-dimension classes: `Conv`/`ConvTranspose` with `num_spatial_dims` bound.
+
+
 class Conv1d(Conv):
     """As `Conv` with `num_spatial_dims=1` (Equinox's `nn.Conv1d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            1,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(Conv.__init__, 1)  # type: ignore[assignment]
 
 
 class Conv2d(Conv):
     """As `Conv` with `num_spatial_dims=2` (Equinox's `nn.Conv2d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            2,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(Conv.__init__, 2)  # type: ignore[assignment]
 
 
 class Conv3d(Conv):
     """As `Conv` with `num_spatial_dims=3` (Equinox's `nn.Conv3d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            3,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(Conv.__init__, 3)  # type: ignore[assignment]
 
 
 class ConvTranspose1d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=1` (Equinox's `nn.ConvTranspose1d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        output_padding: Size = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            1,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(ConvTranspose.__init__, 1)  # type: ignore[assignment]
 
 
 class ConvTranspose2d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=2` (Equinox's `nn.ConvTranspose2d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        output_padding: Size = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            2,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(ConvTranspose.__init__, 2)  # type: ignore[assignment]
 
 
 class ConvTranspose3d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=3` (Equinox's `nn.ConvTranspose3d`)."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: Size,
-        stride: Size = 1,
-        padding: Any = 0,
-        output_padding: Size = 0,
-        dilation: Size = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            3,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            key=key,
-        )
+    __init__ = partialmethod(ConvTranspose.__init__, 3)  # type: ignore[assignment]
