@@ -360,6 +360,44 @@ for _n in (1, 2, 3):
         )
 
 
+def _filled(abstract: Any, seed: int) -> Any:
+    """`abstract` (from a filter_eval_shape) with every float array drawn from a normal."""
+    rng = np.random.default_rng(seed)
+
+    def fill(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            return leaf
+        assert jnp.issubdtype(leaf.dtype, jnp.floating), leaf
+        return jnp.asarray(rng.normal(size=leaf.shape), leaf.dtype)
+
+    return jtu.tree_map(fill, abstract)
+
+
+def _built(make: Callable[[], Any], seed: int = 0) -> Any:
+    """`make()`'s layer, built under filter_eval_shape and `_filled`."""
+    return _filled(eqx.filter_eval_shape(make), seed)
+
+
+# The layers are built by their own classes under filter_eval_shape and filled with random
+# values: a layer's random initialiser compiles for each new shape (~2 s for a 3-D kernel on
+# the CPU), and the values are arbitrary here anyway. A stateful layer is built as it is, for its
+# statistics come from a real call.
+
+
+def _eqx_model(case: Case, nn: Any, seed: int) -> Any:
+    """The case's Equinox (or compat) layer with random values."""
+    if case.stateful:
+        return case.make_eqx(nn)
+    return _built(lambda: case.make_eqx(nn), seed)
+
+
+def _tm_model(case: Case, seed: int) -> Any:
+    """The case's treemod layer with random values."""
+    if case.stateful:
+        return _noisy(case.make_tm(seed), seed)
+    return _built(lambda: case.make_tm(seed), seed)
+
+
 def _close(a: Any, b: Any) -> None:
     for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
@@ -368,11 +406,9 @@ def _close(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_equinox_file_loads_into_treemod_layer(name: str) -> None:
     case = CASES[name]
-    model = case.make_eqx(eqx.nn)
-    if not case.stateful:
-        model = _noisy(model, 2)
+    model = _eqx_model(case, eqx.nn, 2)
     data = _eqx_bytes(model)
-    loaded = tm.tree_deserialise_leaves(io.BytesIO(data), case.make_tm(10))
+    loaded = tm.tree_deserialise_leaves(io.BytesIO(data), _tm_model(case, 10))
     _close(case.run_tm(loaded, case.x), case.run_eqx(model, case.x))
     # And treemod writes back exactly the bytes it read.
     assert _tm_bytes(loaded) == data
@@ -381,39 +417,40 @@ def test_equinox_file_loads_into_treemod_layer(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_equinox_file_loads_into_compat_layer(name: str) -> None:
     case = CASES[name]
-    model = case.make_eqx(eqx.nn)
-    if not case.stateful:
-        model = _noisy(model, 2)
+    model = _eqx_model(case, eqx.nn, 2)
     data = _eqx_bytes(model)
-    like = case.make_eqx(ceqx.nn)
+    like = _eqx_model(case, ceqx.nn, 20)
     loaded = ceqx.tree_deserialise_leaves(io.BytesIO(data), like)
     _close(case.run_eqx(loaded, case.x), case.run_eqx(model, case.x))
     assert _tm_bytes(loaded) == data
     # Equinox reads the compat layer's own file into its layer.
-    back = eqx.tree_deserialise_leaves(io.BytesIO(_tm_bytes(loaded)), case.make_eqx(eqx.nn))
+    back = eqx.tree_deserialise_leaves(io.BytesIO(_tm_bytes(loaded)), _eqx_model(case, eqx.nn, 21))
     _close(case.run_eqx(back, case.x), case.run_eqx(model, case.x))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_treemod_file_loads_into_equinox_layer(name: str) -> None:
     case = CASES[name]
-    layer = _noisy(case.make_tm(11), 4)
+    layer = _tm_model(case, 11)
     data = _tm_bytes(layer)
-    loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), case.make_eqx(eqx.nn))
+    loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), _eqx_model(case, eqx.nn, 30))
     _close(case.run_eqx(loaded, case.x), case.run_tm(layer, case.x))
     assert _eqx_bytes(loaded) == data
 
 
 def test_channels_last_conv_converts_its_kernel() -> None:
-    conv = eqx.nn.Conv2d(2, 4, (2, 3), key=KEY)
+    conv = _built(lambda: eqx.nn.Conv2d(2, 4, (2, 3), key=KEY))
     x = _x(2, 5, 6)
-    like = tm.nn.Conv(2, 2, 4, (2, 3), channels_last=True, key=_k(1))
+    like = _built(lambda: tm.nn.Conv(2, 2, 4, (2, 3), channels_last=True, key=_k(1)), 1)
     loaded = tm.tree_deserialise_leaves(io.BytesIO(_eqx_bytes(conv)), like)
     _close(loaded(jnp.moveaxis(x, 0, -1)), jnp.moveaxis(conv(x), 0, -1))
     assert _tm_bytes(loaded) == _eqx_bytes(conv)
-    up = tm.nn.ConvTranspose(2, 2, 4, (2, 3), stride=2, channels_last=True, key=_k(2))
+    up = _built(
+        lambda: tm.nn.ConvTranspose(2, 2, 4, (2, 3), stride=2, channels_last=True, key=_k(2)), 2
+    )
     ref = eqx.tree_deserialise_leaves(
-        io.BytesIO(_tm_bytes(up)), eqx.nn.ConvTranspose2d(2, 4, (2, 3), stride=2, key=KEY)
+        io.BytesIO(_tm_bytes(up)),
+        _built(lambda: eqx.nn.ConvTranspose2d(2, 4, (2, 3), stride=2, key=KEY), 3),
     )
     _close(up(jnp.moveaxis(x, 0, -1)), jnp.moveaxis(ref(x), 0, -1))
 
@@ -428,19 +465,23 @@ def test_batch_norm_before_any_training_call_loads_treemods_initial_statistics()
 
 
 def test_shape_mismatch_names_the_key_path() -> None:
-    data = _eqx_bytes(eqx.nn.MLP(2, 3, 4, 1, key=KEY))
+    data = _eqx_bytes(_built(lambda: eqx.nn.MLP(2, 3, 4, 1, key=KEY)))
     with pytest.raises(
         tm.CheckpointError,
         match=r"has changed shape from \(5, 2\) in `like` to \(4, 2\) on disk: .* leaf 1 of 4 at "
         r"\.layers\[0\]\.weight",
     ):
-        tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.MLP(2, 3, 5, 1, key=_k(0)))
+        tm.tree_deserialise_leaves(
+            io.BytesIO(data), _built(lambda: tm.nn.MLP(2, 3, 5, 1, key=_k(0)))
+        )
 
 
 def test_converted_layer_mismatch_names_equinox_layout() -> None:
-    data = _eqx_bytes(eqx.nn.Conv2d(2, 3, 3, key=KEY))
+    data = _eqx_bytes(_built(lambda: eqx.nn.Conv2d(2, 3, 3, key=KEY)))
     with pytest.raises(tm.CheckpointError, match=r"at \.weight \(in Equinox's layout of Conv2d\)"):
-        tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.Conv2d(2, 4, 3, key=_k(0)))
+        tm.tree_deserialise_leaves(
+            io.BytesIO(data), _built(lambda: tm.nn.Conv2d(2, 4, 3, key=_k(0)))
+        )
 
 
 def test_dtype_mismatch_is_a_runtime_error_too() -> None:

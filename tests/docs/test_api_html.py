@@ -22,7 +22,8 @@ import treemod.nn as nn
 yaml = pytest.importorskip("yaml", reason="mkdocs (the `dev` extra) is not installed")
 pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is not installed")
 
-pytestmark = pytest.mark.docs_build
+# One xdist group: every test here shares the one mkdocs build of the module fixture.
+pytestmark = [pytest.mark.docs_build, pytest.mark.xdist_group("api_html")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _HEADING = re.compile(r'<h[1-6] id="(treemod\.[^"]+)"')

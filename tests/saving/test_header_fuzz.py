@@ -241,7 +241,7 @@ def _ours(raw: bytes) -> dict[str, tuple[str, list[int], bytes]] | str:
         return str(e)
 
 
-@settings(max_examples=1500)
+@settings(max_examples=500)  # was 1500: a third of the time (~15 s -> ~5 s wall)
 @given(mutated_files())
 @example(struct.pack("<Q", 2) + b"{}")
 @example(
