@@ -20,23 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
+from saving.test_serialisation_files import TREE, _like, _raw, _split
 
 import treemod as tm
 from treemod._saving import safetensors_header
 
-TREE = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(2, jnp.int32), "step": 3}
-LIKE = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(2, jnp.int32), "step": 0}
-
-
-def _raw(tree=TREE) -> bytes:
-    buf = io.BytesIO()
-    tm.save(buf, tree)
-    return buf.getvalue()
-
-
-def _split(raw: bytes) -> tuple[dict, bytes]:
-    (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+LIKE = _like()
 
 
 def _with_header(text: bytes, data: bytes) -> bytes:
