@@ -23,7 +23,7 @@ from ._layout import (
     spatial_shape,
     to_kernel_layout,
 )
-from ._utils import as_tuple, check_size, default_dtype, require_key
+from ._utils import as_tuple, check_size, default_dtype, require_key, with_spatial_dims
 
 __all__ = [
     "Conv",
@@ -260,39 +260,7 @@ class Conv1d(Conv):
         (4, 8, 14)
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: Any = 0,
-        dilation: int | Sequence[int] = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        weight_init: _init.Initializer | None = None,
-        bias_init: _init.Initializer | None = None,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            1,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            weight_init=weight_init,
-            bias_init=bias_init,
-            key=key,
-        )
+    __init__ = with_spatial_dims(Conv.__init__, 1)
 
     def __call__(
         self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
@@ -323,39 +291,7 @@ class Conv2d(Conv):
         (16, 8, 28, 28)
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: Any = 0,
-        dilation: int | Sequence[int] = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        weight_init: _init.Initializer | None = None,
-        bias_init: _init.Initializer | None = None,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            2,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            weight_init=weight_init,
-            bias_init=bias_init,
-            key=key,
-        )
+    __init__ = with_spatial_dims(Conv.__init__, 2)
 
     def __call__(
         self,
@@ -387,39 +323,7 @@ class Conv3d(Conv):
         (4, 3, 4, 5)
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: Any = 0,
-        dilation: int | Sequence[int] = 1,
-        groups: int = 1,
-        use_bias: bool = True,
-        padding_mode: str = "ZEROS",
-        dtype: Any = None,
-        *,
-        weight_init: _init.Initializer | None = None,
-        bias_init: _init.Initializer | None = None,
-        key: PRNGKeyArray,
-    ) -> None:
-        super().__init__(
-            3,
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            use_bias,
-            padding_mode,
-            dtype,
-            weight_init=weight_init,
-            bias_init=bias_init,
-            key=key,
-        )
+    __init__ = with_spatial_dims(Conv.__init__, 3)
 
     def __call__(
         self,

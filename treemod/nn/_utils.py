@@ -132,3 +132,18 @@ def promote_input(x: Any, dtype: Any = None) -> Any:
 def compute_dtype(dtype: Any) -> Any:
     """The dtype to compute statistics in: at least float32 (without strict-promotion rules)."""
     return jnp.dtype(jnp.float32) if jnp.finfo(dtype).bits < 32 else jnp.dtype(dtype)
+
+
+def with_spatial_dims(init: Any, num_spatial_dims: int) -> Any:
+    """The `__init__` of a per-dimension layer (`Conv2d`, ...): `init` (the N-d layer's
+    `__init__`) with its `num_spatial_dims` argument bound, and the remaining signature (for
+    `inspect.signature`, IDEs and the API docs)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, num_spatial_dims, *args, **kwargs)
+
+    sig = inspect.signature(init)
+    self_param, _, *rest = sig.parameters.values()
+    __init__.__signature__ = sig.replace(parameters=[self_param, *rest])  # type: ignore[attr-defined]
+    __init__.__module__ = init.__module__
+    return __init__

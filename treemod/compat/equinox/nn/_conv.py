@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import partialmethod
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ from jaxtyping import Array, PRNGKeyArray
 from treemod._tree.tree_at import tree_at
 from treemod.nn._conv import Conv as _Conv
 from treemod.nn._conv_transpose import ConvTranspose as _ConvTranspose
+from treemod.nn._utils import with_spatial_dims
 
 __all__ = [
     "Conv",
@@ -273,34 +273,34 @@ class ConvTranspose(_EquinoxFields, _ConvTranspose):  # type: ignore[misc]
 class Conv1d(Conv):
     """As `Conv` with `num_spatial_dims=1` (Equinox's `nn.Conv1d`)."""
 
-    __init__ = partialmethod(Conv.__init__, 1)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(Conv.__init__, 1)
 
 
 class Conv2d(Conv):
     """As `Conv` with `num_spatial_dims=2` (Equinox's `nn.Conv2d`)."""
 
-    __init__ = partialmethod(Conv.__init__, 2)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(Conv.__init__, 2)
 
 
 class Conv3d(Conv):
     """As `Conv` with `num_spatial_dims=3` (Equinox's `nn.Conv3d`)."""
 
-    __init__ = partialmethod(Conv.__init__, 3)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(Conv.__init__, 3)
 
 
 class ConvTranspose1d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=1` (Equinox's `nn.ConvTranspose1d`)."""
 
-    __init__ = partialmethod(ConvTranspose.__init__, 1)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(ConvTranspose.__init__, 1)
 
 
 class ConvTranspose2d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=2` (Equinox's `nn.ConvTranspose2d`)."""
 
-    __init__ = partialmethod(ConvTranspose.__init__, 2)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(ConvTranspose.__init__, 2)
 
 
 class ConvTranspose3d(ConvTranspose):
     """As `ConvTranspose` with `num_spatial_dims=3` (Equinox's `nn.ConvTranspose3d`)."""
 
-    __init__ = partialmethod(ConvTranspose.__init__, 3)  # type: ignore[assignment]
+    __init__ = with_spatial_dims(ConvTranspose.__init__, 3)
