@@ -15,7 +15,7 @@ from treemod._module.module import Module, field
 
 from . import _equinox_layout as _eqx
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
-from ._utils import as_tuple, check_size
+from ._utils import as_tuple, check_size, with_spatial_dims
 
 __all__ = [
     "AvgPool",
@@ -314,16 +314,7 @@ class MaxPool1d(MaxPool):
         (4, 2, 4)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-        *,
-        dilation: int | Sequence[int] = 1,
-    ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil, dilation=dilation)
+    __init__ = with_spatial_dims(MaxPool.__init__, 1)
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -351,16 +342,7 @@ class MaxPool2d(MaxPool):
         (8, 3, 14, 14)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-        *,
-        dilation: int | Sequence[int] = 1,
-    ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil, dilation=dilation)
+    __init__ = with_spatial_dims(MaxPool.__init__, 2)
 
     def __call__(
         self,
@@ -391,16 +373,7 @@ class MaxPool3d(MaxPool):
         (2, 3, 4, 4, 4)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-        *,
-        dilation: int | Sequence[int] = 1,
-    ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil, dilation=dilation)
+    __init__ = with_spatial_dims(MaxPool.__init__, 3)
 
     def __call__(
         self,
@@ -431,14 +404,7 @@ class AvgPool1d(AvgPool):
         (2, 4)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-    ) -> None:
-        super().__init__(1, kernel_size, stride, padding, use_ceil)
+    __init__ = with_spatial_dims(AvgPool.__init__, 1)
 
     def __call__(
         self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
@@ -466,14 +432,7 @@ class AvgPool2d(AvgPool):
         (3, 4, 4)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-    ) -> None:
-        super().__init__(2, kernel_size, stride, padding, use_ceil)
+    __init__ = with_spatial_dims(AvgPool.__init__, 2)
 
     def __call__(
         self,
@@ -504,14 +463,7 @@ class AvgPool3d(AvgPool):
         (2, 3, 4, 4, 4)
     """
 
-    def __init__(
-        self,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-    ) -> None:
-        super().__init__(3, kernel_size, stride, padding, use_ceil)
+    __init__ = with_spatial_dims(AvgPool.__init__, 3)
 
     def __call__(
         self,
