@@ -72,8 +72,6 @@ class AdaptivePool(Module):
         name = type(self).__name__
         check_size(name, "num_spatial_dims", num_spatial_dims)
         self.target_shape = as_tuple(name, "target_shape", target_shape, num_spatial_dims)
-        if any(t < 1 for t in self.target_shape):
-            raise ValueError(f"{name}: `target_shape` must be positive; got {self.target_shape}.")
         if not callable(operation):
             raise TypeError(
                 f"{name}: `operation` must be a function reducing a 1-d window to a scalar, "
