@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -12,6 +9,8 @@ import numpy as np
 import pytest
 
 import treemod as tm
+
+from fresh_interpreter import run_printing
 
 
 def test_debug_exports_only_its_helpers() -> None:
@@ -57,13 +56,8 @@ print(jax.make_jaxpr(jax.vmap(lambda x: tm.debug.breakpoint_if(x < 0)))(jnp.aran
 
 
 def test_breakpoint_if_stays_a_branch_under_vmap() -> None:
-    # Traced in a fresh interpreter: jax.debug.breakpoint captures the tracing process's stack
-    # frames, and in a pytest-xdist worker that once broke the sending of this test's report.
-    run = subprocess.run(
-        [sys.executable, "-c", _BREAKPOINT_JAXPR], capture_output=True, text=True, timeout=120
-    )
-    assert run.returncode == 0, run.stderr
-    assert "cond[" in run.stdout and "select" not in run.stdout  # debugger only when pred holds
+    text = run_printing(_BREAKPOINT_JAXPR)  # traced in a fresh interpreter: see its docstring
+    assert "cond[" in text and "select" not in text  # debugger only when pred holds
     with pytest.raises(TypeError, match="breakpoint_if: `pred` must be a boolean array"):
         tm.debug.breakpoint_if(jnp.ones(2))
 

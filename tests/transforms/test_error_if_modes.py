@@ -11,6 +11,8 @@ import pytest
 
 import treemod as tm
 
+from fresh_interpreter import run_printing
+
 
 def _modes_fn(on_error: str):  # type: ignore[no-untyped-def]
     def f(x: jax.Array, pred: jax.Array) -> jax.Array:
@@ -67,6 +69,13 @@ def test_runtime_error_holds_the_message() -> None:
         jax.block_until_ready(f(jnp.ones(()), jnp.array(True)))
 
 
+_BREAKPOINT_UNDER_VMAP = """
+import jax, jax.numpy as jnp, treemod as tm
+f = lambda x, pred: tm.error_if(x, pred, "bad", on_error="breakpoint")
+print(jax.make_jaxpr(jax.vmap(f))(jnp.ones(2), jnp.ones(2, bool)))
+"""
+
+
 def test_breakpoint_mode_opens_the_debugger(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,7 +84,7 @@ def test_breakpoint_mode_opens_the_debugger(
     out = tm.error_if(jnp.ones(()), True, "look here", on_error="breakpoint")
     assert out == 1 and stops == [1]
     assert "error_if: look here" in capsys.readouterr().out
-    jaxpr = str(jax.make_jaxpr(jax.vmap(_modes_fn("breakpoint")))(jnp.ones(2), jnp.ones(2, bool)))
+    jaxpr = run_printing(_BREAKPOINT_UNDER_VMAP)  # traced in a fresh interpreter: see its docstring
     assert "cond[" in jaxpr  # the debugger is a branch, even batched
 
 
