@@ -141,6 +141,9 @@ def test_a_process_dying_mid_save_leaves_the_last_complete_checkpoint(
     result = checkpointing.restore(str(tmp_path), steps=[1])
     assert int(result["latest"]) == 1
     assert int(result["1/.step"]) == 0
-    np.testing.assert_array_equal(
-        result["1/.net.first.weight"], np.asarray(training.NormNet(jax.random.key(0)).first.weight)
+    # Initialised here and in the launched processes: XLA may round the last bit differently.
+    np.testing.assert_allclose(
+        result["1/.net.first.weight"],
+        np.asarray(training.NormNet(jax.random.key(0)).first.weight),
+        rtol=1e-6,
     )

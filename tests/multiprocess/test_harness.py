@@ -41,7 +41,7 @@ def _pids_script(folder: Path, then: str) -> str:
         rank = os.environ["SLURM_PROCID"]
         with open(os.path.join({str(folder)!r}, "pids-" + rank), "w") as f:
             f.write(f"{{os.getpid()}} {{child.pid}}")
-        print("process", rank, "started its child")
+        print("process", rank, "started its child", flush=True)
         """
     ) + textwrap.dedent(then)
 
@@ -64,6 +64,10 @@ def test_a_crash_fails_fast_shows_everyone_and_leaves_no_strays(tmp_path: Path) 
     # Process 1 crashes; process 0 would wait for ten minutes: the run must end at once.
     then = """
         if rank == "1":
+            # Fail only once process 0 is up: its output must be in the report too.
+            while not os.path.exists(os.path.join(os.path.dirname(f.name), "pids-0")):
+                time.sleep(0.05)
+            time.sleep(0.5)
             print("process 1 about to fail", file=sys.stderr)
             raise ValueError("boom in process 1")
         time.sleep(600)
