@@ -8,9 +8,15 @@
   restored after it); `shape_checks_restored` (only the restoring).
 - Markers (registered in pyproject.toml): `slow`, tests that compile several libraries' models;
   `make test` runs them.
+- Recursion headroom: jaxlib's C++ tree flattening loses one level of Python's recursion budget
+  per enclosing container whenever a flatten function, `is_leaf` or a `tree_map` callback raises
+  (jaxlib 0.10.2). Tests of error paths do that on purpose, and in one xdist worker the losses
+  added up until unrelated later tests failed with `RecursionError`. After each test the budget
+  lost is given back by raising the recursion limit.
 """
 
 import os
+import sys
 
 # Optimisation level 0 of XLA's CPU backend (LLVM): the same operations in the same order, compiled
 # several times faster. The suite mostly compiles small functions once and runs them once, so
@@ -44,6 +50,34 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "error")
+
+
+def _recursion_budget_lost() -> int:
+    """The recursion limit minus this frame's depth minus the calls that still fit."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+
+    def fits(n: int) -> int:
+        try:
+            return fits(n + 1)
+        except RecursionError:
+            return n
+
+    return sys.getrecursionlimit() - depth - fits(0)
+
+
+_BUDGET_LOST_AT_START: list[int] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    lost = _recursion_budget_lost()
+    if not _BUDGET_LOST_AT_START:
+        _BUDGET_LOST_AT_START.append(lost)
+    leaked = lost - _BUDGET_LOST_AT_START[0]
+    if leaked > 0:
+        sys.setrecursionlimit(sys.getrecursionlimit() + leaked)
 
 
 @pytest.fixture
