@@ -36,7 +36,7 @@ from treemod._tree.tree_at import tree_at
 
 __all__ = ["save", "load"]
 
-PathOrFile = str | os.PathLike | IO[bytes]
+PathOrFile = str | os.PathLike[str] | IO[bytes]
 
 _MAX_LISTED = 40
 

@@ -50,7 +50,7 @@ __all__ = [
     "tree_serialise_leaves",
 ]
 
-PathOrFile = str | os.PathLike | IO[bytes]
+PathOrFile = str | os.PathLike[str] | IO[bytes]
 _NPY_MAGIC = b"\x93NUMPY"
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
@@ -144,7 +144,7 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
 class _Slot:
     __slots__ = ("path", "leaf", "spec", "owner", "value")
 
-    def __init__(self, path: tuple, leaf: Any, spec: Any, owner: str | None) -> None:
+    def __init__(self, path: jtu.KeyPath[Any], leaf: Any, spec: Any, owner: str | None) -> None:
         self.path, self.leaf, self.spec, self.owner, self.value = path, leaf, spec, owner, leaf
 
     def get(self) -> Any:
@@ -163,7 +163,7 @@ def _hooked(x: Any) -> bool:
 
 def _view(
     node: Any,
-    path: tuple,
+    path: jtu.KeyPath[Any],
     spec: Any,
     is_leaf: Any,
     model: list[_Slot],
@@ -228,7 +228,7 @@ def _plan(tree: Any, filter_spec: Any, is_leaf: Any) -> tuple[list[_Slot], Calla
     return model + state, lambda: jtu.tree_unflatten(spec_def, [b() for b in builders])
 
 
-def _with_suffix(path: str | os.PathLike) -> pathlib.Path:
+def _with_suffix(path: str | os.PathLike[str]) -> pathlib.Path:
     path = pathlib.Path(path)
     return path.with_suffix(".eqx") if path.suffix == "" else path
 

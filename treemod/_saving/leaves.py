@@ -65,7 +65,8 @@ def key_record(key: jax.Array) -> dict[str, str]:
 def wrap_key(label: str, name: str, data: Any, record: dict[str, str]) -> jax.Array:
     """Rebuild a key array from its stored data."""
     try:
-        return jax.random.wrap_key_data(data, impl=record["impl"])
+        key: jax.Array = jax.random.wrap_key_data(data, impl=record["impl"])
+        return key
     except (ValueError, TypeError, KeyError) as e:
         raise CheckpointError(
             f"{label}: the PRNG keys at {name} (implementation {record.get('impl')!r}) cannot "

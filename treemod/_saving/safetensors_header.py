@@ -69,7 +69,7 @@ class Entry(NamedTuple):
     end: int
 
 
-class _Object(dict):
+class _Object(dict[str, Any]):
     """A JSON object; `pairs` keeps every key/value pair when a key repeats."""
 
     pairs: list[tuple[str, Any]] | None = None

@@ -184,7 +184,9 @@ class Reader:
             n -= len(part)
         return b"".join(parts)
 
-    def _check_treemod(self, table: dict[str, Any], meta: dict[str, str], marked: list) -> None:
+    def _check_treemod(
+        self, table: dict[str, Any], meta: dict[str, str], marked: list[str]
+    ) -> None:
         label = self.label
         marker = meta.get("treemod.format")
         if marker != FORMAT:
@@ -282,7 +284,9 @@ class Reader:
 
 
 @contextmanager
-def open_checkpoint(source: str | os.PathLike | IO[bytes], allow_foreign: bool) -> Iterator[Reader]:
+def open_checkpoint(
+    source: str | os.PathLike[str] | IO[bytes], allow_foreign: bool
+) -> Iterator[Reader]:
     """Open and validate a checkpoint (a path, or a binary file positioned at its start)."""
     label = _label(source)
     if isinstance(source, str | os.PathLike):

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import ml_dtypes
 import numpy as np
+from numpy.typing import DTypeLike
 
 from treemod._saving.atomic_file import replace_atomically
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, MAX_TENSORS
@@ -84,9 +85,9 @@ DTYPES: dict[str, np.dtype] = {n: np.dtype(n) for n in _NUMPY_NAMES}
 DTYPES.update({n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_NAMES if hasattr(ml_dtypes, n)})
 
 
-def dtype_name(dtype: Any) -> str:
-    """The name under which `dtype` is stored; raises `TypeError` for unsupported dtypes."""
-    dtype = np.dtype(dtype)
+def dtype_name(dtype_like: DTypeLike) -> str:
+    """The name under which `dtype_like` is stored; raises `TypeError` for unsupported dtypes."""
+    dtype = np.dtype(dtype_like)
     name = dtype.name
     if DTYPES.get(name) != dtype.newbyteorder("="):
         raise TypeError(
@@ -217,7 +218,7 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
 
 
 def write_checkpoint(
-    target: str | os.PathLike | IO[bytes],
+    target: str | os.PathLike[str] | IO[bytes],
     tensors: Sequence[tuple[str, Any]],
     metadata: dict[str, str],
 ) -> None:
