@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def _no_signature() -> tuple:
+def _no_signature() -> tuple[()]:
     return ()
 
 
@@ -185,13 +185,13 @@ def backward_nan(x: _Any, name: str | None = None, terminate: bool = True) -> _A
 @_functools.lru_cache(maxsize=256)
 def _watch_rule(name: str | None, terminate: bool, treedef: _Any, static: _Any) -> _Any:
     @_jax.custom_vjp
-    def watch(leaves: list) -> list:
+    def watch(leaves: list[_jax.Array]) -> list[_jax.Array]:
         return leaves
 
-    def fwd(leaves: list) -> tuple[list, list]:
+    def fwd(leaves: list[_jax.Array]) -> tuple[list[_jax.Array], list[_jax.Array]]:
         return leaves, leaves
 
-    def bwd(leaves: list, cotangents: list) -> tuple[list]:
+    def bwd(leaves: list[_jax.Array], cotangents: list[_jax.Array]) -> tuple[list[_jax.Array]]:
         primal = _combine(_jtu.tree_unflatten(treedef, leaves), static)
         cotangent = _jtu.tree_unflatten(treedef, cotangents)
         _jax.debug.callback(_functools.partial(_backward_nan_message, name), primal, cotangent)
@@ -244,8 +244,10 @@ def breakpoint_if(pred: _Any, **kwargs: _Any) -> _Any:
     return _jax.lax.cond(_unvmap_any(pred), lambda: _jax.debug.breakpoint(**kwargs), lambda: token)
 
 
+# An alive leaf's (shape, dtype).
+_Alive = tuple[tuple[int, ...], _jnp.dtype]
 # name -> {tag: (alive leaves {index: (shape, dtype)}, treedef, static part)}
-_DCE_STORE: dict[_Hashable, dict[object, tuple[dict[int, tuple], _Any, _Any]]] = {}
+_DCE_STORE: dict[_Hashable, dict[object, tuple[dict[int, _Alive], _Any, _Any]]] = {}
 
 
 def _in_trace() -> bool:
@@ -285,7 +287,7 @@ def store_dce(x: _Any, name: _Hashable = None) -> _Any:
     dynamic, static = _partition(x, _is_array)
     leaves, treedef = _jtu.tree_flatten(dynamic)
     tag = object()
-    alive: dict[int, tuple] = {}
+    alive: dict[int, _Alive] = {}
     _DCE_STORE.setdefault(name, {})[tag] = (alive, treedef, static)
 
     def record(i: int, value: _Any) -> _Any:
