@@ -122,12 +122,11 @@ def test_assert_max_traces_under_jax_jit() -> None:
 def test_get_num_traces_looks_through_wrappers() -> None:
     counted = tm.debug.assert_max_traces(lambda x: x, max_traces=None)
     jitted = tm.filter_jit(counted)
-    # filter_jit shares one count among wrappers of modules of one class (assert_max_traces
-    # returns a module), so an earlier test's may show here: count this test's two traces.
-    before = tm.debug.get_num_traces(jitted)
     jitted(jnp.ones(1))
     jitted(jnp.ones(2))
-    assert tm.debug.get_num_traces(jitted) == before + 2
+    # assert_max_traces returns a module; other tests' modules of its class hold other
+    # functions in their static fields, so their traces are counted apart from these two.
+    assert tm.debug.get_num_traces(jitted) == 2
     assert tm.debug.get_num_traces(counted) == 2
     with pytest.raises(ValueError, match="neither a filter_jit function"):
         tm.debug.get_num_traces(print)

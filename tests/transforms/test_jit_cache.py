@@ -204,3 +204,121 @@ def test_warning_says_how_to_bound_it(monkeypatch: pytest.MonkeyPatch) -> None:
     message = str(record[0].message)
     assert "with_max_traces" in message and "jnp.asarray" in message
     assert str(jit_cache.MAX_VERSIONS) in message
+
+
+class _Act(tm.Module):
+    """A module whose static field chooses its program (each trace logs the field)."""
+
+    w: jax.Array
+    act: str = tm.field(static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _ACT_LOG.append(self.act)
+        return self.w * x if self.act == "linear" else jnp.tanh(self.w * x)
+
+    def double(self, x: jax.Array) -> jax.Array:
+        return 2 * self(x)
+
+
+_ACT_LOG: list[str] = []
+
+
+def test_modules_with_other_static_fields_have_their_own_traces_and_programs() -> None:
+    """Counted as plain `jax.jit` with the static field as a static argument counts them."""
+    jax_log: list[str] = []
+
+    def plain(w: jax.Array, x: jax.Array, act: str) -> jax.Array:
+        jax_log.append(act)
+        return w * x if act == "linear" else jnp.tanh(w * x)
+
+    plain_jit = jax.jit(plain, static_argnames="act")
+    _ACT_LOG.clear()
+    x = jnp.arange(3.0)
+    calls = [("linear", 1.0), ("tanh", 1.0), ("linear", 2.0), ("tanh", 3.0), ("linear", 1.0)]
+    for act, scale in calls:
+        w = jnp.full(3, scale)
+        expected = plain_jit(w, x, act=act)
+        np.testing.assert_allclose(tm.filter_jit(_Act(w, act))(x), expected, rtol=1e-6)
+    assert _ACT_LOG == jax_log == ["linear", "tanh"]
+    for act in ("linear", "tanh"):  # each static configuration counts its own trace
+        assert tm.debug.get_num_traces(tm.filter_jit(_Act(x, act))) == 1
+    assert tm.debug.get_num_traces(tm.filter_jit(_Act(x, "never called"))) == 0
+
+
+def test_methods_of_modules_with_other_static_fields_have_their_own_traces() -> None:
+    _ACT_LOG.clear()
+    x = jnp.arange(3.0)
+    for act in ("linear", "tanh", "linear"):
+        out = tm.filter_jit(_Act(jnp.ones(3), act).double)(x)
+        reference = 2 * (np.arange(3.0) if act == "linear" else np.tanh(np.arange(3.0)))
+        np.testing.assert_allclose(out, reference, rtol=1e-6)
+    assert _ACT_LOG == ["linear", "tanh"]
+    assert tm.debug.get_num_traces(tm.filter_jit(_Act(x, "tanh").double)) == 1
+
+
+def test_a_failed_first_trace_is_not_kept() -> None:
+    """As with `jax.jit`, a trace that raised is tried again on the next call."""
+    log: list[int] = []
+
+    def f(x: jax.Array, fail: list[bool]) -> jax.Array:
+        log.append(1)
+        if fail[0]:
+            raise ValueError("fails while tracing")
+        return x + 1
+
+    g = tm.filter_jit(lambda x: f(x, flag))
+    flag = [True]
+    with pytest.raises(ValueError, match="fails while tracing"):
+        g(jnp.zeros(2))
+    flag[0] = False
+    assert g(jnp.zeros(2)).tolist() == [1.0, 1.0]
+    assert g(jnp.zeros(2)).tolist() == [1.0, 1.0]
+    assert len(log) == 2 and not g._traces.pending
+
+
+def _run_both_in_threads(first: Any, second: Any, arg: jax.Array) -> list[Any]:
+    """Call `first(arg)` and `second(arg)` at once in two threads; fail on a 60 s hang."""
+    barrier = threading.Barrier(2)
+    results: list[Any] = [None, None]
+
+    def run(i: int, fn: Any) -> None:
+        barrier.wait()
+        results[i] = np.asarray(fn(arg))
+
+    threads = [
+        threading.Thread(target=run, args=(i, fn), daemon=True)
+        for i, fn in enumerate((first, second))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "the two traces deadlocked"
+    return results
+
+
+def test_threads_tracing_mutually_recursive_functions_do_not_deadlock() -> None:
+    """Each thread traces one function, which calls the other while the other is traced."""
+    started = threading.Barrier(2)
+
+    def even(x: jax.Array) -> jax.Array:
+        if x.shape[0] == 4:
+            started.wait(timeout=60)  # both threads are now inside a trace
+        return x if x.shape[0] == 1 else jnp.concatenate([tm_odd(x[1:]) + 1, x[:1]])
+
+    def odd(x: jax.Array) -> jax.Array:
+        if x.shape[0] == 4:
+            started.wait(timeout=60)
+        return x if x.shape[0] == 1 else jnp.concatenate([tm_even(x[1:]) * 2, x[:1]])
+
+    tm_even, tm_odd = tm.filter_jit(even), tm.filter_jit(odd)
+    results = _run_both_in_threads(tm_even, tm_odd, jnp.arange(4.0))
+
+    def np_even(x: np.ndarray) -> np.ndarray:
+        return x if len(x) == 1 else np.concatenate([np_odd(x[1:]) + 1, x[:1]])
+
+    def np_odd(x: np.ndarray) -> np.ndarray:
+        return x if len(x) == 1 else np.concatenate([np_even(x[1:]) * 2, x[:1]])
+
+    np.testing.assert_allclose(results[0], np_even(np.arange(4.0)))
+    np.testing.assert_allclose(results[1], np_odd(np.arange(4.0)))

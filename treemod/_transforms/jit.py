@@ -122,15 +122,24 @@ class _JitWrapper(TransformedFunction[P, R]):
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"
 
+    def _count(self) -> _TraceCount | None:
+        """This callable's trace count (its static parts' own), or `None` before any trace."""
+        try:
+            return self._traces.counts.get(jtu.tree_structure(self._fn_tree))
+        except TypeError:  # an unhashable static field: never traced
+            return None
+
     @property
     def num_traces(self) -> int:
         """How many times the function has been traced (compiled versions made)."""
-        return self._traces.count.num_traces
+        count = self._count()
+        return 0 if count is None else count.num_traces
 
     @property
     def retrace_explanations(self) -> list[str]:
         """The lines the retrace explainer has logged so far."""
-        return self._traces.count.log
+        count = self._count()
+        return [] if count is None else count.log
 
     def with_max_traces(self, max_traces: int | None) -> _JitWrapper[P, R]:
         """A copy with its own compiled versions and trace count, failing past `max_traces`."""
@@ -161,20 +170,36 @@ class _JitWrapper(TransformedFunction[P, R]):
         static: tuple[Any, ...],
         dynamic: list[Any],
     ) -> Any:
-        """Trace, compile and run a new version; publish it once it has run (thread-safe)."""
+        """Trace, compile and run a new version; publish it once it has run (thread-safe).
+
+        The lock is held only to find or add the pending version, never while tracing, so
+        threads tracing functions that call each other cannot deadlock; threads running the
+        same pending `jax.jit` meanwhile are made to wait by JAX, which traces once.
+        """
         traces = self._traces
+        with traces.lock:
+            entry = traces.cache.get(key)
+            if entry is None:
+                entry = traces.pending.get(key)
+            first = entry is None
+            if entry is None:
+                entry = traces.pending[key] = self._new_entry(key, mask, static)
         try:
-            with traces.lock:
-                entry = traces.cache.get(key)
-                if entry is None:
-                    entry = self._new_entry(key, mask, static)
-                    out = entry(dynamic)
-                    traces.publish(key, entry, self._name)
-                    return unpack_output(out)
-            return unpack_output(entry(dynamic))
-        except jax.errors.JaxRuntimeError as e:
-            _raise_check_error(e)
+            out = entry(dynamic)
+        except BaseException as e:
+            if first:  # not published: the next call traces again
+                with traces.lock:
+                    del traces.pending[key]
+                    if key not in traces.cache:
+                        traces.lowerable.pop(key, None)
+            if isinstance(e, jax.errors.JaxRuntimeError):
+                _raise_check_error(e)
             raise
+        if first:
+            with traces.lock:
+                del traces.pending[key]
+                traces.publish(key, entry, self._name)
+        return unpack_output(out)
 
     def _new_entry(
         self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...]
@@ -211,7 +236,8 @@ class _JitWrapper(TransformedFunction[P, R]):
     ) -> Callable[..., Any]:
         # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
         # would keep the wrapper, or the module's arrays, alive as long as the cache.
-        call, count, name, flag = self._call_fn, self._traces.count, self._name, self._explain_flag
+        call, name, flag = self._call_fn, self._name, self._explain_flag
+        count = self._traces.count_for(treedef.children()[0])
         plain_fn = self._fn if call is None and self._fn_tree is None else None
         code = call if call is not None else plain_fn
         get_code = _reference(code, self._weak)

@@ -11,6 +11,12 @@ once), keyed weakly on the function object (or, for a Module method, its functio
 Module, its class) and the wrapper's options. A function whose closure cells now hold other
 objects than when it was first wrapped gets fresh versions. Each function keeps at most
 `MAX_VERSIONS` versions, dropping the oldest, and warns once at `WARN_VERSIONS`.
+
+A version's key holds the whole tree structure, so modules (or owners of a method) whose
+static fields differ never share a program; each such structure also has its own trace count.
+No lock is held while tracing: a miss registers the new version as pending (under the lock,
+briefly) and runs it; threads that miss the same key meanwhile run the same `jax.jit`, which
+traces once. Threads tracing functions that call each other therefore cannot deadlock.
 """
 
 from __future__ import annotations
@@ -102,20 +108,41 @@ def closure_of(fn: Any) -> tuple[Any, ...]:
 class _Traces:
     """Compiled versions and trace bookkeeping, shared by wrappers of the same function.
 
-    `cache` is read without a lock (the hot path); a miss takes `lock`, traces and compiles
-    once, runs the first call and only then publishes the version, so threads that missed
-    together wait and then find it.
+    `cache` is read without a lock (the hot path). A miss takes `lock` only to find or add
+    the key's `pending` version, then runs it unlocked; the version moves to `cache` once its
+    first call has returned. `counts` holds one trace count per tree structure of the
+    callable (a Module's static fields are in it; `None`'s structure for a plain function).
     """
 
-    __slots__ = ("cache", "lowerable", "count", "lock", "closure", "warn_at")
+    __slots__ = (
+        "cache",
+        "pending",
+        "lowerable",
+        "counts",
+        "max_traces",
+        "lock",
+        "closure",
+        "warn_at",
+    )
 
     def __init__(self, max_traces: int | None = None, closure: tuple[Any, ...] = ()) -> None:
         self.cache: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
+        self.pending: dict[tuple[Any, ...], Callable[[list[Any]], Any]] = {}
         self.lowerable: dict[tuple[Any, ...], tuple[Any, int | None]] = {}
-        self.count = _TraceCount(max_traces)
-        self.lock = threading.RLock()
+        self.counts: dict[Any, _TraceCount] = {}
+        self.max_traces = max_traces
+        self.lock = threading.Lock()
         self.closure = closure
         self.warn_at: int | None = WARN_VERSIONS
+
+    def count_for(self, structure: Any) -> _TraceCount:
+        """The trace count of callables with this tree structure (made on first use)."""
+        count = self.counts.get(structure)
+        if count is None:
+            count = self.counts[structure] = _TraceCount(self.max_traces)
+            if len(self.counts) > MAX_VERSIONS:
+                del self.counts[next(iter(self.counts))]
+        return count
 
     def publish(self, key: tuple[Any, ...], entry: Callable[[list[Any]], Any], name: str) -> None:
         """Add a compiled version, dropping the oldest past `MAX_VERSIONS`; warn once."""
