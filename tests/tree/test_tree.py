@@ -111,7 +111,7 @@ def test_tree_at_error_static_field_names_class_and_field() -> None:
 def test_tree_at_error_wrong_replace_length() -> None:
     with pytest.raises(ValueError, match="selected 2 nodes, so `replace` must be a sequence of 2"):
         tm.tree_at(lambda t: (t[0], t[1]), [1, 2], (3,))
-    with pytest.raises(ValueError, match="sequence of 2 values"):
+    with pytest.raises(TypeError, match="sequence of 2 values; got int"):
         tm.tree_at(lambda t: (t[0], t[1]), [1, 2], 3)
 
 

@@ -38,8 +38,19 @@ class _LeafUsed(AttributeError):
         self.path, self.what = path, what
 
 
+class _WhereComputedError(TypeError, AttributeError):
+    """`where` computed with a leaf: a `TypeError`, and the `AttributeError` Equinox raises there.
+
+    (Like `io.UnsupportedOperation`, one error under both names that code may catch.)
+    """
+
+
+class _NotANodeError(ValueError, TypeError):
+    """`where` returned something that is not a node: a `ValueError`, and Equinox's `TypeError`."""
+
+
 def _computing(what: str) -> TypeError:
-    return TypeError(
+    return _WhereComputedError(
         f"tree_at: `where` {what}. `where` must return nodes of the tree, reached by attribute "
         "and index access (e.g. `lambda m: m.weight`), without computing with them "
         "(`.T`, arithmetic, method calls). Select the node and compute the new value in "
@@ -140,11 +151,11 @@ def tree_at(
         if id(node) not in positions:
             owner = statics.get(id(node))
             if owner is not None:
-                raise ValueError(
+                raise _NotANodeError(
                     f"tree_at: `where` selected {owner}, a static field. Static fields are part "
                     "of the tree structure, not nodes; build a new module instead."
                 )
-            raise ValueError(
+            raise _NotANodeError(
                 "tree_at: `where` returned something that is not a node of the tree "
                 f"({type(node).__name__}). Return nodes reached by attribute or index access "
                 "from the argument, e.g. `lambda m: m.layer.weight`."
@@ -156,7 +167,12 @@ def tree_at(
     elif replace is _SENTINEL:
         new_values = None
     else:
-        if not isinstance(replace, Sequence) or len(replace) != len(targets):
+        if not isinstance(replace, Sequence):
+            raise TypeError(
+                f"tree_at: `where` selected {len(targets)} nodes, so `replace` must be a "
+                f"sequence of {len(targets)} values; got {type(replace).__name__}."
+            )
+        if len(replace) != len(targets):
             raise ValueError(
                 f"tree_at: `where` selected {len(targets)} nodes, so `replace` must be a "
                 f"sequence of {len(targets)} values."

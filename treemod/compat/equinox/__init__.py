@@ -61,7 +61,6 @@ from treemod import (
     shape_checks_enabled,
     shapecheck,
     stateful,
-    tree_at,
     tree_check,
     tree_deserialise_leaves,
     tree_flatten_one_level,
@@ -76,7 +75,7 @@ from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckErr
 from ._field import static_field
 from ._module import Module
 from ._pretty import tree_pformat, tree_pprint
-from ._tree import tree_equal
+from ._tree import tree_at, tree_equal
 from .nn._inference import tree_inference
 
 __all__ = [
