@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
 from treemod._transforms.leaves import Split, merge_leaves, split_leaves, split_tree
-from treemod._tree.filters import IS_ARRAY_TYPE, is_inexact_array
+from treemod._tree.filters import IS_ARRAY_TYPE, is_inexact_array, is_inexact_array_like
 
 __all__ = ["filter_jvp", "filter_vjp"]
 
@@ -47,15 +48,20 @@ def _leaves_against(tree: Any, like: Any, what: str, error: str) -> list[tuple[A
     return paths
 
 
+def _trace_of(x: Any) -> Any:
+    """The trace a tracer belongs to (`None` for a concrete value)."""
+    return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
+
+
 def filter_jvp(
     fn: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any], **kwargs: Any
 ) -> tuple[Any, Any]:
     """Forward-mode differentiation (`jax.jvp`) of a function of arbitrary pytrees.
 
     Each leaf of `primals` with a tangent (not `None`) is differentiated; it must be a
-    floating-point array, and its tangent an array of the same shape and dtype. Leaves whose
-    tangent is `None` (non-array leaves must have `None`) are held constant. Keyword arguments
-    are not differentiated.
+    floating-point array or a Python `float`/`complex`, and its tangent an array of the same
+    shape and dtype (or a Python number). Leaves whose tangent is `None` (non-array leaves must
+    have `None`) are held constant. Keyword arguments are not differentiated.
 
     Arguments:
         fn: the function (or module) to differentiate.
@@ -66,7 +72,8 @@ def filter_jvp(
 
     Returns:
         `(out, tangent_out)`: `fn`'s output, and its tangent, with the structure of `out` and
-        `None` at every leaf that is not a floating-point array.
+        `None` at every leaf that is not a floating-point array or does not depend on a
+        differentiated input (a symbolic zero).
 
     Example:
         >>> import jax.numpy as jnp, treemod as tm
@@ -95,22 +102,31 @@ def filter_jvp(
         "a leaf (or a whole subtree) is not differentiated",
     )
     diff_at: list[int] = []
+    diff_tangents: list[Any] = []
     for i, (p, (path, t)) in enumerate(zip(p_leaves, t_paths, strict=True)):
         if t is None:
             continue
         where = "primals" + jtu.keystr(path)
-        if not is_inexact_array(p):
+        if not is_inexact_array_like(p):
             raise TypeError(
                 f"filter_jvp({name}): {where} is {describe_value(p)}, which cannot be "
                 "differentiated; give it the tangent None."
             )
+        # Python floats and complex numbers are differentiated as the arrays JAX makes of them.
+        p = p_leaves[i] = jnp.asarray(p)
+        if isinstance(t, float | complex):
+            t = jnp.asarray(t, p.dtype)
         if not IS_ARRAY_TYPE[type(t)] or jnp.shape(t) != p.shape or t.dtype != p.dtype:
-            raise ValueError(
+            # As jax.jvp: a wrong type or dtype is a TypeError, a wrong shape a ValueError.
+            wrong_type = not IS_ARRAY_TYPE[type(t)] or t.dtype != p.dtype
+            raise (TypeError if wrong_type else ValueError)(
                 f"filter_jvp({name}): the tangent of {where} must be an array of its shape and "
                 f"dtype, {describe_value(p)}; got {describe_value(t)}."
             )
+        diff_tangents.append(t)
         diff_at.append(i)
     out_split: list[Split] = []
+    perturbed: list[list[bool]] = []
 
     def inner(*diff: Any) -> list[Any]:
         leaves = list(p_leaves)
@@ -118,15 +134,18 @@ def filter_jvp(
             leaves[i] = d
         arrays, split = split_tree(fn(*jtu.tree_unflatten(p_def, leaves), **kwargs))
         out_split.append(split)
+        # An output carries a tangent only if it is a tracer of this jvp (it depends on a
+        # differentiated input); the others, even tracers of an enclosing jvp, get None.
+        trace = jax.extend.core.find_top_trace(diff) if diff else None
+        perturbed.append(
+            [trace is not None and is_inexact_array(a) and _trace_of(a) is trace for a in arrays]
+        )
         return arrays
 
     diff_primals = tuple(p_leaves[i] for i in diff_at)
-    diff_tangents = tuple(t_paths[i][1] for i in diff_at)
-    out, tangent_out = jax.jvp(inner, diff_primals, diff_tangents)
+    out, tangent_out = jax.jvp(inner, diff_primals, tuple(diff_tangents))
     split = out_split[-1]
-    tangent_out = [
-        t if is_inexact_array(o) else None for o, t in zip(out, tangent_out, strict=True)
-    ]
+    tangent_out = [t if d else None for d, t in zip(perturbed[-1], tangent_out, strict=True)]
     return split.rebuild(out), split.rebuild(tangent_out, static_as_none=True)
 
 

@@ -1,0 +1,80 @@
+"""Filtered transforms behave as Equinox's: the same programs run with Equinox and treemod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+
+import treemod.compat.equinox as teqx
+
+eqx = pytest.importorskip("equinox")
+
+
+def _same(a: Any, b: Any) -> None:
+    """Same structure (None included), same leaf types and values."""
+    assert jtu.tree_structure(a) == jtu.tree_structure(b), (a, b)
+    for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b), strict=True):
+        assert type(x) is type(y), (x, y)
+        if isinstance(x, str):
+            assert x == y
+        else:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y))
+
+
+def _outcome(fn: Any) -> Any:
+    """`fn()`'s result, or the type of the exception it raised."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 (the type is the outcome compared)
+        return type(e)
+
+
+def _g(a: Any, n: Any, c: Any, m: Any) -> Any:
+    return a**2, n * 3, c * 4, m * 5, jnp.float32(7.0), "label"
+
+
+_PRIMALS = (jnp.array(1.0), jnp.array(2), 1.5, 3)
+
+
+@pytest.mark.parametrize(
+    "tangents",
+    [
+        (jnp.array(5.0), None, None, None),  # only `a`: the others' outputs have no tangent
+        (jnp.array(5.0), None, 2.0, None),  # a Python float primal with a Python float tangent
+        (None, None, jnp.array(3.0), None),  # a Python float primal with an array tangent
+        (None, None, None, None),  # nothing differentiated: every tangent None
+    ],
+)
+def test_filter_jvp_python_floats_and_symbolic_zeros(tangents: tuple) -> None:
+    ours = teqx.filter_jvp(_g, _PRIMALS, tangents)
+    theirs = eqx.filter_jvp(_g, _PRIMALS, tangents)
+    _same(ours, theirs)
+
+
+def test_filter_jvp_output_of_an_enclosing_jvp_has_no_tangent() -> None:
+    def outer(jvp: Any) -> Any:
+        def f(x: Any) -> Any:
+            (_, _), (ta, tb) = jvp(lambda y: (y * 2, x), (x,), (1.0,))
+            return ta, tb
+
+        return jvp(f, (1.0,), (1.0,))
+
+    _same(outer(teqx.filter_jvp), outer(eqx.filter_jvp))
+    (_, tb), _ = outer(teqx.filter_jvp)
+    assert tb is None
+
+
+@pytest.mark.parametrize(
+    ("tangent", "error"),
+    [(jnp.array(5), TypeError), (jnp.ones(3), ValueError), ("x", TypeError)],
+)
+def test_filter_jvp_bad_tangent_errors_are_jaxs_types(tangent: Any, error: type) -> None:
+    primals = ({"w": jnp.array(1.0)},)
+    tangents = ({"w": tangent},)
+    assert _outcome(lambda: eqx.filter_jvp(lambda p: p["w"], primals, tangents)) is error
+    with pytest.raises(error, match=r"filter_jvp\(<lambda>\): the tangent of primals\[0\]\['w'\]"):
+        teqx.filter_jvp(lambda p: p["w"], primals, tangents)
