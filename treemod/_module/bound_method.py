@@ -21,13 +21,14 @@ Example:
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
 
-__all__ = ["BoundMethod", "bind_methods"]
+__all__ = ["BoundMethod", "bind_inherited_methods", "bind_methods"]
 
 
 class BoundMethod:
@@ -99,3 +100,18 @@ def bind_methods(namespace: dict[str, Any]) -> None:
             name.startswith("__") and name.endswith("__")
         ):
             namespace[name] = _Method(value)
+
+
+def bind_inherited_methods(cls: type) -> None:
+    """Give `cls` the plain functions it inherits from bases that are not modules (mixins) as
+    `BoundMethod`-giving methods too; modules' own bodies were bound by `bind_methods`."""
+    for base in cls.__mro__[1:-1]:
+        if hasattr(base, "__tm_fields__"):  # a module: its own body is bound, or is treemod's
+            continue
+        for name, value in vars(base).items():
+            if (
+                isinstance(value, types.FunctionType)
+                and not (name.startswith("__") and name.endswith("__"))
+                and inspect.getattr_static(cls, name) is value  # not overridden nearer `cls`
+            ):
+                setattr(cls, name, _Method(value))

@@ -18,7 +18,7 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod
-from treemod._tree.filters import is_array
+from treemod._tree.filters import is_array, is_inexact_array_like
 
 __all__ = [
     "CONTAINERS",
@@ -28,6 +28,7 @@ __all__ = [
     "inherits_custom_init",
     "make_tree_functions",
     "provided_by_class",
+    "warn_field_values",
 ]
 
 
@@ -146,3 +147,30 @@ def check_suspect_value(cls: Any, self: Any, name: str, value: Any) -> None:
             "make the module contain itself (a cycle, not a tree). Make it a property instead "
             f"(`@property def {name}(self): return self.{getattr(value, '__name__', 'method')}`)."
         )
+
+
+def warn_field_values(cls: Any, d: dict[str, Any]) -> None:
+    """Equinox's construction warnings: an array in a static field, and floating-point values
+    in a `field(init=False)` (which JAX transforms treat as a leaf of its own)."""
+    for name in cls.__tm_static_fields__:
+        value = d[name]
+        if is_array(value) or (
+            isinstance(value, CONTAINERS) and any(map(is_array, jtu.tree_leaves(value)))
+        ):
+            warnings.warn(
+                f"{cls.__qualname__}.{name} is a static field holding an array (Equinox's "
+                "warning: A JAX array is being set as static!). Static fields are compared by "
+                "value when JAX checks tree structures, which is slow and fragile for arrays; "
+                "make it a normal field.",
+                stacklevel=4,
+            )
+    for name in cls.__tm_init_false_fields__:
+        if any(map(is_inexact_array_like, jtu.tree_leaves(d[name]))):
+            warnings.warn(
+                f"{cls.__qualname__}.{name} is a `field(init=False)` holding floating-point "
+                "values (Equinox's warning: Using `field(init=False)` on `equinox.Module` can "
+                "lead to surprising behaviour). It is a leaf of its own, so `grad` "
+                "differentiates with respect to it and not the fields it was computed from. "
+                "Compute it where it is used (a method or property) instead.",
+                stacklevel=4,
+            )

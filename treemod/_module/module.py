@@ -16,17 +16,16 @@ import jax.tree_util as jtu
 
 from treemod._format.pretty import tree_pformat
 from treemod._module.construction import (
-    CONTAINERS,
     SUSPECT_TYPES,
     annotate_converted_arguments,
     check_suspect_value,
     inherits_custom_init,
     make_tree_functions,
     provided_by_class,
+    warn_field_values,
 )
 from treemod._shapecheck.checker import check_fields
 from treemod._shapecheck.class_hooks import install_class_checks
-from treemod._tree.filters import is_array
 from treemod._tree.tree_equal import tree_equal
 
 __all__ = ["Module", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
@@ -35,6 +34,8 @@ _T = TypeVar("_T")
 
 # ids of the modules whose `__init__` is running; only they may set attributes.
 _INITIALISING: set[int] = set()
+# What `__init__` may set besides fields (as in Equinox): a wrapper's `functools.wraps` names.
+_WRAPPER_NAMES = frozenset(("__module__", "__name__", "__qualname__", "__doc__", "__annotations__"))
 _setattr = object.__setattr__
 
 
@@ -243,6 +244,7 @@ class _ModuleMeta(abc.ABCMeta):
             (f.name, f.metadata["converter"]) for f in fields if "converter" in f.metadata
         )
         cls.__tm_static_fields__ = tuple(f.name for f in fields if f.metadata.get("static", False))
+        cls.__tm_init_false_fields__ = tuple(f.name for f in fields if not f.init)
         cls.__tm_check_inits__ = tuple(
             k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in k.__dict__
         )
@@ -331,18 +333,8 @@ def _finish_init(cls: Any, self: Any) -> None:
                 )
     for name, converter in cls.__tm_converters__:
         d[name] = converter(d[name])
-    for name in cls.__tm_static_fields__:
-        value = d[name]
-        if is_array(value) or (
-            isinstance(value, CONTAINERS) and any(map(is_array, jtu.tree_leaves(value)))
-        ):
-            warnings.warn(
-                f"{cls.__qualname__}.{name} is a static field holding an array (Equinox's "
-                "warning: A JAX array is being set as static!). Static fields are compared by "
-                "value when JAX checks tree structures, which is slow and fragile for arrays; "
-                "make it a normal field.",
-                stacklevel=3,
-            )
+    if cls.__tm_static_fields__ or cls.__tm_init_false_fields__:
+        warn_field_values(cls, d)
     # A fresh (combined) dict: CPython 3.11 reads attributes from the split dict that reading
     # `__dict__` materialised about 2x slower than from a plain dataclass.
     _setattr(self, "__dict__", dict(d))
@@ -392,8 +384,8 @@ class Module(metaclass=_ModuleMeta):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if id(self) in _INITIALISING:
-            if name not in self.__dataclass_fields__:
-                raise AttributeError(
+            if name not in self.__dataclass_fields__ and name not in _WRAPPER_NAMES:
+                raise FrozenModuleError(
                     f"{type(self).__qualname__} has no field '{name}'. Declare it in the class "
                     f"body (for example `{name}: jax.Array`) before setting it in __init__."
                 )

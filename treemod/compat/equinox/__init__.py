@@ -73,7 +73,7 @@ from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
 from ._field import static_field
-from ._module import Module
+from ._module import Module, StrictConfig, module_update_wrapper
 from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_at, tree_equal
 from .nn._inference import tree_inference
@@ -150,6 +150,8 @@ __all__ = [
     "tree_deserialise_leaves",
     "tree_serialise_leaves",
     # Compat-only names.
+    "StrictConfig",
+    "module_update_wrapper",
     "tree_inference",
     # Compat namespaces.
     "debug",

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from treemod._module.bound_method import BoundMethod, bind_methods
+import jax.tree_util as jtu
+
+from treemod._module.bound_method import BoundMethod, bind_inherited_methods, bind_methods
 from treemod._module.module import Module as _Module
 
-__all__ = ["Module"]
+from ._tree import tree_equal
+
+__all__ = ["Module", "StrictConfig", "module_update_wrapper"]
 
 _Meta: Any = type(_Module)
 _REFUSED_STRINGS = ("AbstractVar[", "AbstractClassVar[")
@@ -33,8 +37,13 @@ class _CompatMeta(_Meta):
                     "in Equinox. Use an unquoted annotation, or subclass treemod.Module, which "
                     "supports them."
                 )
+        # Equinox's class options: `strict=` (ignored since Equinox 0.11; `None`, what
+        # `StrictConfig(force_abstact=True)` gives, means `is_abstract=True`) and `is_abstract=`.
+        is_abstract = bool(kwargs.pop("is_abstract", False)) or kwargs.pop("strict", False) is None
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        cls.__eqx_is_abstract__ = is_abstract
+        bind_inherited_methods(cls)  # a mixin's methods too, as Equinox's `__getattribute__`
         # As in Equinox, an annotation without a value (`x: ClassVar[bool]`) provides a base's
         # AbstractClassVar; treemod.Module waits for a value.
         declared = cls.__tm_abstract_class_vars__.intersection(
@@ -43,6 +52,15 @@ class _CompatMeta(_Meta):
         if cls.__tm_abstract_vars__ & declared:
             cls.__tm_abstract_vars__ = cls.__tm_abstract_vars__ - declared
         return cls
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.__eqx_is_abstract__:
+            raise TypeError(
+                f"Cannot instantiate abstract `equinox.Module` {cls.__qualname__}: it is declared "
+                "with `is_abstract=True` (or `strict=eqx.StrictConfig(force_abstact=True)`). "
+                "Instantiate a subclass."
+            )
+        return super().__call__(*args, **kwargs)
 
     @property
     def __abstractvars__(cls) -> frozenset[str]:
@@ -70,7 +88,10 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
     """`treemod.Module` for Equinox code: subclasses skip shape checks unless they opt in.
 
     As in Equinox, a field may provide a base's `AbstractClassVar`, and stringified abstract
-    annotations raise `NotImplementedError`; `isinstance(model.method, eqx.Module)` is true.
+    annotations raise `NotImplementedError`; `model.method` (a mixin's methods too) is a pytree
+    of `model` and an `eqx.Module`. The class options `is_abstract=True` (the class cannot be
+    instantiated, its subclasses can) and `strict=` (ignored, as by Equinox since 0.11) are
+    accepted.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -88,3 +109,82 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
     """
 
     __tm_strict_class_vars__: ClassVar[bool] = False
+    __eqx_is_abstract__: ClassVar[bool] = False
+
+    def __eq__(self, other: object) -> Any:  # Equinox's result types (a JAX scalar for arrays)
+        return tree_equal(self, other)
+
+    __hash__ = _Module.__hash__
+
+
+def StrictConfig(force_abstact: bool = False, **kwargs: Any) -> bool | None:  # noqa: N802
+    """Equinox's legacy `strict=` value: `class A(eqx.Module, strict=StrictConfig(...))`.
+
+    Arguments:
+        force_abstact: make the class abstract (Equinox's spelling), as `is_abstract=True` does.
+        **kwargs: Equinox's other legacy options, ignored as Equinox ignores them.
+
+    Returns:
+        `None` (abstract) when `force_abstact`, else `False`.
+
+    Example:
+        >>> import treemod.compat.equinox as eqx
+        >>> class Base(eqx.Module, strict=eqx.StrictConfig(force_abstact=True)):
+        ...     x: int
+        >>> class Concrete(Base):
+        ...     pass
+        >>> Concrete(1)
+        Concrete(x=1)
+    """
+    del kwargs
+    return None if force_abstact else False
+
+
+_WRAPPER_NAMES = ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__")
+
+
+def module_update_wrapper(wrapper: Any, wrapped: Any = None) -> Any:
+    """`functools.update_wrapper` for a module: a copy of `wrapper` with `wrapped`'s names.
+
+    Arguments:
+        wrapper: a module whose class defines `__wrapped__` as a property.
+        wrapped: the callable it wraps; `wrapper.__wrapped__` when omitted.
+
+    Returns:
+        A copy of `wrapper` (the input is not changed) with `__module__`, `__name__`,
+        `__qualname__`, `__doc__` and `__annotations__` taken from `wrapped`. Copies made by
+        flattening (JAX transforms) keep the fields only, not these names.
+
+    Example:
+        >>> import treemod.compat.equinox as eqx
+        >>> class Wrapper(eqx.Module):
+        ...     fn: object
+        ...     def __call__(self, *args):
+        ...         return self.fn(*args)
+        ...     @property
+        ...     def __wrapped__(self):
+        ...         return self.fn
+        >>> def double(x):
+        ...     "Twice x."
+        ...     return 2 * x
+        >>> w = eqx.module_update_wrapper(Wrapper(double))
+        >>> w.__name__, w.__doc__, w(3)
+        ('double', 'Twice x.', 6)
+    """
+    cls = type(wrapper)
+    if not isinstance(getattr(cls, "__wrapped__", None), property):
+        raise ValueError(
+            f"module_update_wrapper: {cls.__qualname__} must define `__wrapped__` as a property "
+            "(returning the wrapped callable), as in Equinox."
+        )
+    if wrapped is None:
+        wrapped = wrapper.__wrapped__
+    leaves, treedef = jtu.tree_flatten(wrapper)
+    copy = jtu.tree_unflatten(treedef, leaves)
+    for name in _WRAPPER_NAMES:
+        try:
+            value = getattr(wrapped, name)
+        except AttributeError:
+            continue
+        object.__setattr__(copy, name, value)
+    return copy
