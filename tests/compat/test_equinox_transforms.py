@@ -78,3 +78,26 @@ def test_filter_jvp_bad_tangent_errors_are_jaxs_types(tangent: Any, error: type)
     assert _outcome(lambda: eqx.filter_jvp(lambda p: p["w"], primals, tangents)) is error
     with pytest.raises(error, match=r"filter_jvp\(<lambda>\): the tangent of primals\[0\]\['w'\]"):
         teqx.filter_jvp(lambda p: p["w"], primals, tangents)
+
+
+@pytest.mark.parametrize("out_axes", [None, 0, -1, teqx.if_array(0), (0, None, 0)])
+@pytest.mark.parametrize("in_axes", [None, 0])
+def test_filter_vmap_python_number_outputs_follow_out_axes(in_axes: Any, out_axes: Any) -> None:
+    def run(e: Any) -> Any:
+        f = lambda x: (1, x, 2.5)  # noqa: E731
+        return e.filter_vmap(f, in_axes=in_axes, out_axes=out_axes, axis_size=3)(jnp.arange(3))
+
+    ours, theirs = _outcome(lambda: run(teqx)), _outcome(lambda: run(eqx))
+    if isinstance(theirs, type):  # a batched output given out_axes None: both refuse it
+        assert ours is theirs
+    else:
+        _same(ours, theirs)
+
+
+@pytest.mark.parametrize("out_axes", [None, (0, 0, None), teqx.if_array(0)])
+def test_filter_pmap_python_number_outputs_follow_out_axes(out_axes: Any) -> None:
+    def run(e: Any) -> Any:
+        f = e.filter_pmap(lambda x: (x, 3.0, "s"), in_axes=None, out_axes=out_axes, axis_size=1)
+        return f(jnp.arange(2))
+
+    _same(run(teqx), run(eqx))

@@ -79,6 +79,10 @@ class _PmapWrapper(TransformedFunction[P, R]):
             out = fun(*args, **kwargs)
             leaves, out_def = jtu.tree_flatten(out)
             out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
+            # A Python number given an axis becomes an array repeated along it (as in vmap).
+            leaves = [
+                jnp.asarray(x) if a is not None else x for x, a in zip(leaves, out_ax, strict=True)
+            ]
             is_array = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
             plan.update(treedef=out_def, is_array=is_array)
             plan["axes"] = [a for a, arr in zip(out_ax, is_array, strict=True) if arr]

@@ -15,7 +15,7 @@ import jax.tree_util as jtu
 from treemod._format.paths import function_name, render_path
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._transforms.wrapper import P, R, TransformedFunction
-from treemod._tree.filters import IS_ARRAY_TYPE
+from treemod._tree.filters import IS_ARRAY_TYPE, is_array_like
 
 __all__ = ["filter_vmap", "if_array"]
 
@@ -81,7 +81,8 @@ def _expand_axes(
                 )
             if axis is not None and not IS_ARRAY_TYPE[type(leaf)]:
                 if what == "out_axes":
-                    axis = None  # non-array outputs are returned unbatched
+                    if not is_array_like(leaf):
+                        axis = None  # non-array outputs are returned unbatched
                 else:
                     raise ValueError(
                         f"filter_vmap({name}): in_axes maps axis {axis} of "
@@ -154,6 +155,15 @@ def _name_arguments(
     return ValueError(f"filter_vmap({name}): {message}")
 
 
+def _out_kind(x: Any, axis: int | None) -> str:
+    """How an output leaf leaves the map: `mapped` along `axis`, `bcast` (an array given
+    `None`), or `static`. A Python number given an axis becomes an array repeated along it
+    (`_expand_axes` gave the other non-array leaves `None`)."""
+    if axis is not None:
+        return "mapped"
+    return "bcast" if IS_ARRAY_TYPE[type(x)] else "static"
+
+
 class _VmapWrapper(TransformedFunction[P, R]):
     def __init__(
         self,
@@ -210,13 +220,12 @@ class _VmapWrapper(TransformedFunction[P, R]):
             out = fun(*call_args, **call_kwargs)
             out_leaves, out_def = jtu.tree_flatten(out)
             out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
-            kinds = tuple(
-                "static" if not IS_ARRAY_TYPE[type(x)] else ("mapped" if a is not None else "bcast")
-                for x, a in zip(out_leaves, out_ax, strict=True)
-            )
+            kinds = tuple(_out_kind(x, a) for x, a in zip(out_leaves, out_ax, strict=True))
             plan.update(treedef=out_def, kinds=kinds, axes=out_ax)
             plan["static"] = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "static"]
-            mapped = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "mapped"]
+            mapped = [
+                jnp.asarray(x) for x, k in zip(out_leaves, kinds, strict=True) if k == "mapped"
+            ]
             bcast = [x for x, k in zip(out_leaves, kinds, strict=True) if k == "bcast"]
             return mapped, bcast
 
@@ -290,7 +299,8 @@ def filter_vmap(
             are such specs. Keyword arguments use `if_array(0)`. Or a dict from parameter
             names to such specs (Equinox's form; it names keyword arguments too); arguments
             it does not name use `if_array(0)`.
-        out_axes: the same for the output (a pytree prefix of it).
+        out_axes: the same for the output (a pytree prefix of it). A Python number output
+            given an int axis becomes an array repeated along it (as in Equinox).
         axis_name: a name for the mapped axis, for collectives such as `jax.lax.psum`.
         axis_size: the batch size, needed when no argument is mapped.
 
