@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -101,3 +102,15 @@ def test_filter_pmap_python_number_outputs_follow_out_axes(out_axes: Any) -> Non
         return f(jnp.arange(2))
 
     _same(run(teqx), run(eqx))
+
+
+def test_filter_make_jaxpr_returned_shape_dtype_struct_is_static() -> None:
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+
+    def f(x: Any) -> Any:
+        return x * 2, jax.ShapeDtypeStruct((3,), jnp.int32)
+
+    ours, theirs = teqx.filter_make_jaxpr(f)(spec), eqx.filter_make_jaxpr(f)(spec)
+    assert ours[0].consts == theirs[0].consts == []
+    assert ours[1:] == theirs[1:]
+    assert ours[2] == (None, jax.ShapeDtypeStruct((3,), jnp.int32))

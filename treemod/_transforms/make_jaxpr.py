@@ -28,7 +28,8 @@ def filter_make_jaxpr(fun: Callable[P, Any]) -> Callable[P, tuple[Any, Any, Any]
     Returns:
         A function taking `fun`'s arguments and returning `(jaxpr, out_struct, out_static)`:
         the `ClosedJaxpr`; the output with every array replaced by a `jax.ShapeDtypeStruct`
-        and every other leaf by `None`; and the output with every array replaced by `None`.
+        and every other leaf by `None`; and the output with every array replaced by `None`
+        (a `jax.ShapeDtypeStruct` that `fun` returns is such a static leaf).
         `treemod.combine(out_struct, out_static)` is the output's full description.
 
     Example:
@@ -49,7 +50,8 @@ def filter_make_jaxpr(fun: Callable[P, Any]) -> Callable[P, tuple[Any, Any, Any]
 
         def inner(dyn: list[Any]) -> list[Any]:
             a, k = split.rebuild(dyn)
-            arrays, out = split_tree(fun(*a, **k), is_abstract_array)
+            # In the output only arrays are traced: a ShapeDtypeStruct returned is static.
+            arrays, out = split_tree(fun(*a, **k))
             out_split.append(out)
             return arrays
 
