@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import treemod as tm
@@ -89,3 +91,73 @@ def test_tree_at_selecting_one_of_several_nones(tree: Any, where: Callable[[Any]
 def test_tree_at_none_error_names_the_places_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"at 2 places \(\[0\], \[1\]\).*is_leaf=lambda x"):
         teqx.tree_at(lambda t: t[0], (None, None, 0), True)
+
+
+class _Convertible:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __jax_array__(self) -> Any:
+        return jnp.asarray(self.value)
+
+
+_LEAVES = [
+    jnp.ones(2),
+    jnp.arange(2),
+    np.ones(2, np.float32),
+    np.int32(1),
+    np.float64(1.0),
+    jax.ShapeDtypeStruct((2,), jnp.float32),
+    _Convertible(1.0),
+    _Convertible(1),
+    1,
+    1.0,
+    1j,
+    True,
+    "s",
+    None,
+    [1.0],
+]
+_PREDICATES = ["is_array", "is_inexact_array", "is_array_like", "is_inexact_array_like"]
+
+
+@pytest.mark.parametrize("name", _PREDICATES)
+@pytest.mark.parametrize("leaf", _LEAVES, ids=lambda x: type(x).__name__)
+def test_leaf_predicates_are_equinox_predicates(name: str, leaf: Any) -> None:
+    assert getattr(teqx, name)(leaf) == getattr(eqx, name)(leaf)
+    if not isinstance(leaf, jax.ShapeDtypeStruct):  # treemod proper agrees except on structs
+        assert getattr(tm, name)(leaf) == getattr(eqx, name)(leaf)
+
+
+@pytest.mark.parametrize("name", _PREDICATES)
+def test_leaf_predicates_on_tracers(name: str) -> None:
+    out: dict[Any, Any] = {}
+    if name == "is_inexact_array_like":  # Equinox's calls a tracer's `__jax_array__` (None)
+        out[eqx] = (True, False)  # a float tracer is inexact, an integer one is not
+    for lib in (teqx,) if name == "is_inexact_array_like" else (eqx, teqx):
+
+        def record(x: Any, y: Any, lib: Any = lib) -> None:
+            out[lib] = (getattr(lib, name)(x), getattr(lib, name)(y))
+
+        jax.jit(record)(1.0, jnp.arange(2))
+    assert out[teqx] == out[eqx]
+
+
+@pytest.mark.parametrize("spec", ["a", 3, object()])
+def test_filter_spec_that_is_not_a_bool_or_predicate(spec: Any) -> None:
+    with pytest.raises(ValueError):  # Equinox's type
+        eqx.filter([1, 2], spec)
+    with pytest.raises(ValueError, match="filter_spec leaves must be bools or predicates"):
+        teqx.filter([1, 2], spec)
+    with pytest.raises(TypeError, match="filter_spec leaves must be bools or predicates"):
+        tm.partition([1, 2], spec)
+
+
+def test_filter_spec_that_is_traced() -> None:
+    def spec_from(lib: Any) -> Any:
+        return jax.jit(lambda flag: lib.filter([1, 2], [flag, True]))
+
+    with pytest.raises(ValueError):
+        spec_from(eqx)(True)
+    with pytest.raises(ValueError, match="got a traced array.*cannot depend on traced values"):
+        spec_from(teqx)(True)

@@ -101,6 +101,8 @@ def is_inexact_array(element: Any) -> bool:
 def is_inexact_array_like(element: Any) -> bool:
     """Whether `element` is an inexact array or a Python `float`/`complex`.
 
+    An object with a `__jax_array__` method is judged by the array it converts to.
+
     Example:
         >>> import jax.numpy as jnp, treemod as tm
         >>> tuple(tm.is_inexact_array_like(x) for x in (1.5, 1, jnp.ones(2), jnp.arange(2)))
@@ -108,20 +110,31 @@ def is_inexact_array_like(element: Any) -> bool:
     """
     if _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)]:
         return bool(jax.numpy.issubdtype(element.dtype, jax.numpy.inexact))
+    if hasattr(element, "__jax_array__"):
+        return is_inexact_array(element.__jax_array__())
     return isinstance(element, float | complex)
 
 
 def is_array_like(element: Any) -> bool:
-    """Whether `element` can become an array: arrays and Python `bool`/`int`/`float`/`complex`.
+    """Whether `element` can become an array: arrays, Python `bool`/`int`/`float`/`complex`, and
+    objects with a `__jax_array__` method (which JAX converts).
 
     Example:
         >>> import treemod as tm
         >>> tm.is_array_like(1.5), tm.is_array_like("a")
         (True, False)
     """
-    return _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)] or isinstance(
-        element, bool | int | float | complex
+    return (
+        _IS_ARRAY_OR_ABSTRACT_TYPE[type(element)]
+        or isinstance(element, bool | int | float | complex)
+        or hasattr(element, "__jax_array__")
     )
+
+
+class _FilterSpecError(TypeError, ValueError):
+    """A filter_spec leaf that is neither a bool nor a predicate: a `TypeError`, and the
+    `ValueError` Equinox raises there (one error under both names, like `io.UnsupportedOperation`).
+    """
 
 
 def _with_predicate_leaves(
@@ -149,12 +162,20 @@ def _spec_mask(tree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | Non
         if callable(spec):
             stop = _with_predicate_leaves(is_leaf, spec)
             return jtu.tree_map(lambda x: bool(spec(x)), subtree, is_leaf=stop)
-        raise TypeError(
+        if isinstance(spec, jax.core.Tracer):
+            raise _FilterSpecError(
+                "filter_spec leaves must be bools or predicates; got a traced array. A filter "
+                "decides the tree's structure, so it cannot depend on traced values: use Python "
+                "bools (or compute the spec outside the transform)."
+            )
+        raise _FilterSpecError(
             f"filter_spec leaves must be bools or predicates; got {type(spec).__name__}: {spec!r}"
         )
 
     try:
         return jtu.tree_map(expand, filter_spec, tree)
+    except _FilterSpecError:
+        raise
     except ValueError as e:
         raise ValueError(f"filter_spec must be a prefix of the tree being filtered: {e}") from None
 

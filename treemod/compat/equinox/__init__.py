@@ -45,10 +45,6 @@ from treemod import (
     filter_vjp,
     filter_vmap,
     if_array,
-    is_array,
-    is_array_like,
-    is_inexact_array,
-    is_inexact_array_like,
     is_param,
     is_state,
     load,
@@ -73,6 +69,7 @@ from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
 from ._field import static_field
+from ._filters import is_array, is_array_like, is_inexact_array, is_inexact_array_like
 from ._module import Module, StrictConfig, module_update_wrapper
 from ._pretty import tree_pformat, tree_pprint
 from ._tree import tree_at, tree_equal
