@@ -114,3 +114,20 @@ def test_filter_make_jaxpr_returned_shape_dtype_struct_is_static() -> None:
     assert ours[0].consts == theirs[0].consts == []
     assert ours[1:] == theirs[1:]
     assert ours[2] == (None, jax.ShapeDtypeStruct((3,), jnp.int32))
+
+
+def test_failed_check_in_filter_jit_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    def run(e: Any) -> Any:
+        @e.filter_jit
+        def f(x: Any) -> Any:
+            return e.error_if(x, x > 0, "positive")
+
+        with pytest.raises(RuntimeError, match="positive") as info:
+            jax.block_until_ready(f(jnp.array(1.0)))
+        return info.value
+
+    for e in (eqx, teqx):
+        caplog.clear()
+        error = run(e)
+        assert caplog.text == "", e  # as with Equinox: the error is raised, not also logged
+        assert error.__cause__ is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
@@ -37,6 +38,19 @@ class RuntimeCheckError(RuntimeError):
         ...     print(e)
         positive
     """
+
+
+class _QuietCheckFailures(logging.Filter):
+    """Drops JAX's "jax.debug.callback failed" log record when the callback was a failing
+    `error_if` check: that error is raised to the caller, it is not a crash to log as well."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, RuntimeCheckError)
+
+
+# The logger of the module that runs `jax.debug.callback`'s callbacks.
+logging.getLogger("jax._src.debugging").addFilter(_QuietCheckFailures())
 
 
 def _default_on_error() -> str:
