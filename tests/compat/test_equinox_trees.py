@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -161,3 +162,24 @@ def test_filter_spec_that_is_traced() -> None:
         spec_from(eqx)(True)
     with pytest.raises(ValueError, match="got a traced array.*cannot depend on traced values"):
         spec_from(teqx)(True)
+
+
+@pytest.mark.parametrize(
+    ("param", "update"),
+    [
+        (np.ones(2), np.full(2, 0.5)),  # float64 NumPy stays float64 NumPy (x64 off)
+        (np.float32(1), np.float32(2)),
+        (jnp.ones(2), np.ones(2, np.float32)),
+        (jnp.ones(2), 1),
+        (1.0, jnp.ones(2)),
+        (jnp.ones(2, jnp.bfloat16), 0.5),
+    ],
+    ids=lambda x: type(x).__name__,
+)
+def test_apply_updates_types_as_in_equinox(param: Any, update: Any) -> None:
+    expected = eqx.apply_updates([param, None], [update, None])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dtype-truncation warning
+        ours = tm.apply_updates([param, None], [update, None])
+    assert type(ours[0]) is type(expected[0]) and ours[1] is None
+    assert ours[0].dtype == expected[0].dtype and np.array_equal(ours[0], expected[0])

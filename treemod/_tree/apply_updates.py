@@ -34,7 +34,9 @@ def apply_updates(model: Any, updates: Any) -> Any:
 def _add(update: Any, param: Any) -> Any:
     if update is None:
         return param
-    if not hasattr(param, "dtype") or jnp.result_type(update) == param.dtype:
+    # Same dtypes (NumPy's included: float64 stays float64 and NumPy), a Python number, or a
+    # parameter without a dtype: plain `+`.
+    if not hasattr(param, "dtype") or getattr(update, "dtype", param.dtype) == param.dtype:
         return param + update
     with jax.numpy_dtype_promotion("standard"):  # mixing dtypes here is the point
         wide = jnp.promote_types(param.dtype, jnp.result_type(update))
