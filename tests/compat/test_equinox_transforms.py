@@ -131,3 +131,61 @@ def test_failed_check_in_filter_jit_logs_nothing(caplog: pytest.LogCaptureFixtur
         error = run(e)
         assert caplog.text == "", e  # as with Equinox: the error is raised, not also logged
         assert error.__cause__ is None
+
+
+def _custom_vjp_program(e: Any) -> tuple[Any, list[Any]]:
+    """A filter_custom_vjp whose passes record what they are given; the gradient and records."""
+    seen: list[Any] = []
+
+    @e.filter_custom_vjp
+    def f(xy: Any, tag: str, *, scale: Any) -> Any:
+        x, y, n = xy
+        return x * y * scale, x, y, n, tag
+
+    @f.def_fwd
+    def f_fwd(perturbed: Any, xy: Any, tag: str, *, scale: Any) -> Any:
+        seen.append(perturbed)
+        return f(xy, tag, scale=scale), xy[1]
+
+    @f.def_bwd
+    def f_bwd(res: Any, ct: Any, perturbed: Any, xy: Any, tag: str, *, scale: Any) -> Any:
+        seen.append(perturbed)
+        seen.append(jtu.tree_map(lambda c: c is None, ct, is_leaf=lambda c: c is None))
+        return ct[0] * res * scale + (0.0 if ct[1] is None else ct[1]), None, None
+
+    def loss(x: Any) -> Any:
+        out, _, y_out, _, _ = f((x, jnp.array(3.0), jnp.array(2)), "t", scale=2.0)
+        return out + y_out
+
+    return jax.grad(loss)(jnp.array(1.5)), seen
+
+
+def test_filter_custom_vjp_perturbed_and_symbolic_zero_cotangents() -> None:
+    (ours, ours_seen), (theirs, theirs_seen) = _custom_vjp_program(teqx), _custom_vjp_program(eqx)
+    np.testing.assert_allclose(ours, theirs)
+    # perturbed: True only at the differentiated float (x); the unused output x has a
+    # symbolically zero cotangent (None), as do the integer and string outputs.
+    assert (
+        ours_seen
+        == theirs_seen
+        == [
+            (True, False, False),
+            (True, False, False),
+            (False, True, False, True, True),
+        ]
+    )
+
+
+def test_filter_custom_vjp_differentiating_another_argument_is_an_error() -> None:
+    def program(e: Any) -> Any:
+        @e.filter_custom_vjp
+        def f(x: Any, y: Any) -> Any:
+            return x + y
+
+        f.def_fwd(lambda perturbed, x, y: (x + y, None))
+        f.def_bwd(lambda res, ct, perturbed, x, y: ct)
+        return jax.grad(lambda x: f(x, {"b": x}))(1.0)
+
+    assert _outcome(lambda: program(eqx)) is RuntimeError
+    with pytest.raises(RuntimeError, match=r"filter_custom_vjp\(f\): args\[0\]\['b'\] is being"):
+        program(teqx)

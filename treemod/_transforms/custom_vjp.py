@@ -9,10 +9,12 @@ from typing import Any, Concatenate, Generic, TypeVar
 
 import jax
 import jax.tree_util as jtu
+from jax.custom_derivatives import SymbolicZero
 
-from treemod._transforms.leaves import split_tree
+from treemod._format.paths import render_path
+from treemod._transforms.leaves import merge_leaves, split_leaves, split_tree
 from treemod._transforms.wrapper import P, R
-from treemod._tree.filters import combine, is_array, is_inexact_array, partition
+from treemod._tree.filters import IS_ARRAY_TYPE, combine, is_array, is_inexact_array, partition
 
 __all__ = ["filter_custom_vjp"]
 
@@ -26,12 +28,14 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
     Equinox's API: decorate `fn(vjp_arg, *args, **kwargs)`, then define
     `fn_fwd(perturbed, vjp_arg, *args, **kwargs) -> (out, residuals)` with `.def_fwd` and
     `fn_bwd(residuals, grad_obj, perturbed, vjp_arg, *args, **kwargs) -> grad_vjp_arg` with
-    `.def_bwd`. Floating-point arrays of `vjp_arg` are differentiated; `perturbed` is a tree of
-    bools with the structure of their partition (`True` at each of them: JAX's `custom_vjp` does
-    not say which inputs are symbolically zero); `grad_obj` is the cotangent
-    of the output; `fn_bwd` returns a gradient with the structure of `vjp_arg` (`None` for
-    leaves without one). The other arguments are not differentiated (their arrays get zero
-    gradient). Non-array leaves anywhere are static.
+    `.def_bwd`. Floating-point arrays of `vjp_arg` are differentiated; `perturbed` has the
+    structure of `vjp_arg`, with `True` at each of its floating-point arrays that is being
+    differentiated and `False` everywhere else. `grad_obj` is the cotangent of the output,
+    `None` at leaves that are not floating-point arrays or whose cotangent is a symbolic zero
+    (an output the result does not depend on). `fn_bwd` returns a gradient with the structure
+    of `vjp_arg` (`None` for leaves without one). The other arguments are not differentiated:
+    differentiating one of their arrays is a `RuntimeError` naming it. Non-array leaves
+    anywhere are static.
 
     Arguments:
         fn: the primal function.
@@ -100,8 +104,10 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         diff_leaves, diff_def = jtu.tree_flatten(diff)
         dynamic, split = split_tree((rest, args, kwargs))
         fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
-        out_def: list[Any] = []
-        res_static: list[Any] = []
+        # What does not travel through JAX: the output's structure and static leaves, which
+        # of its arrays are floating point, and the residuals' non-arrays and `perturbed`.
+        out_plan: list[Any] = []
+        held: list[Any] = []
 
         def rebuild(
             d_leaves: list[Any], dyn: list[Any]
@@ -109,42 +115,68 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
             rest_, a, k = split.rebuild(dyn)
             return combine(jtu.tree_unflatten(diff_def, d_leaves), rest_), a, k
 
-        def flat_out(out: Any) -> list[Any]:
-            out_leaves, out_treedef = jtu.tree_flatten(out)
-            out_def[:] = [out_treedef]
-            return out_leaves
+        def flat_out(out: Any) -> tuple[list[Any], list[Any]]:
+            arrays, out_split = split_tree(out)
+            inexact = [is_inexact_array(a) for a in arrays]
+            out_plan[:] = [out_split, inexact]
+            return split_leaves(arrays, inexact)  # only floating-point outputs have cotangents
 
         @jax.custom_vjp
-        def primal(d_leaves: list[Any], dyn: list[Any]) -> list[Any]:
+        def primal(d_leaves: list[Any], dyn: list[Any]) -> tuple[list[Any], list[Any]]:
             x, a, k = rebuild(d_leaves, dyn)
             return flat_out(fn(x, *a, **k))
 
-        def fwd(d_leaves: list[Any], dyn: list[Any]) -> tuple[list[Any], Any]:
-            perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
-            x, a, k = rebuild(d_leaves, dyn)
+        def fwd(d_leaves: list[Any], dyn: list[Any]) -> tuple[Any, Any]:
+            if any(p.perturbed for p in dyn):
+                raise _differentiated_error(name, (rest, args, kwargs), dyn)
+            d_values, dyn_values = [p.value for p in d_leaves], [p.value for p in dyn]
+            perturbed = combine(
+                jtu.tree_unflatten(diff_def, [p.perturbed for p in d_leaves]),
+                jtu.tree_map(lambda _: False, rest),
+            )
+            x, a, k = rebuild(d_values, dyn_values)
             out, residuals = fn_fwd(perturbed, x, *a, **k)
             # Residuals may hold non-arrays (Equinox allows it): they wait here, not in JAX.
-            res_dynamic, static_part = partition(residuals, is_array)
-            res_static[:] = [static_part]
-            return flat_out(out), (res_dynamic, d_leaves, dyn)
+            res_dynamic, res_static = partition(residuals, is_array)
+            held[:] = [res_static, perturbed]
+            return flat_out(out), (res_dynamic, d_values, dyn_values)
 
-        def bwd(saved: tuple[Any, ...], cotangents: list[Any]) -> tuple[list[Any], list[Any]]:
-            res_dynamic, d_leaves, dyn = saved
-            residuals = combine(res_dynamic, res_static[0])
-            perturbed = jtu.tree_unflatten(diff_def, [True] * len(d_leaves))
-            x, a, k = rebuild(d_leaves, dyn)
-            grad_obj = jtu.tree_unflatten(out_def[0], cotangents)
+        def bwd(saved: tuple[Any, ...], cts: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+            res_dynamic, d_values, dyn_values = saved
+            res_static, perturbed = held
+            out_split, inexact = out_plan
+            x, a, k = rebuild(d_values, dyn_values)
+            # A symbolic zero (an output the loss does not use) is None, as a non-float is.
+            diff_cts = [None if isinstance(c, SymbolicZero) else c for c in cts[0]]
+            others = [None] * (len(inexact) - len(diff_cts))
+            grad_obj = out_split.rebuild(
+                merge_leaves(inexact, diff_cts, others), static_as_none=True
+            )
+            residuals = combine(res_dynamic, res_static)
             grads = fn_bwd(residuals, grad_obj, perturbed, x, *a, **k)
-            grad_diff = filter_like(grads, diff, name)
             g_leaves = [
                 jax.numpy.zeros_like(p) if g is None else jax.numpy.asarray(g, p.dtype)
-                for g, p in zip(grad_diff, d_leaves, strict=True)
+                for g, p in zip(filter_like(grads, diff, name), d_values, strict=True)
             ]
-            return g_leaves, [None] * len(dyn)
+            return g_leaves, [None] * len(dyn_values)
 
-        primal.defvjp(fwd, bwd)
-        out_leaves = primal(diff_leaves, dynamic)
-        return jtu.tree_unflatten(out_def[0], out_leaves)  # type: ignore[no-any-return]
+        primal.defvjp(fwd, bwd, symbolic_zeros=True)
+        diff_out, other_out = primal(diff_leaves, dynamic)
+        out_split, inexact = out_plan
+        return out_split.rebuild(merge_leaves(inexact, diff_out, other_out))  # type: ignore[no-any-return]
+
+
+def _differentiated_error(name: str, tree: Any, dyn: list[Any]) -> RuntimeError:
+    """The error for differentiating an argument other than `vjp_arg` (error path only)."""
+    leaves = jtu.tree_flatten_with_path(tree)[0]
+    arrays = [path for path, x in leaves if IS_ARRAY_TYPE[type(x)]]
+    where = [render_path(p, "vjp_arg") for p, d in zip(arrays, dyn, strict=True) if d.perturbed]
+    return RuntimeError(
+        f"filter_custom_vjp({name}): {', '.join(where)} is being differentiated, but only the "
+        "floating-point arrays of the first argument (vjp_arg) of a filter_custom_vjp "
+        "function have a custom gradient. Move it into the first argument, or wrap it in "
+        "jax.lax.stop_gradient if it needs no gradient."
+    )
 
 
 def filter_like(grads: Any, diff: Any, name: str) -> list[Any]:
