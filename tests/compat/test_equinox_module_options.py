@@ -191,3 +191,25 @@ def test_module_equality_gives_equinox_result_types() -> None:
 
     assert compare(teqx) == compare(eqx)
     assert hash(teqx.Partial(len)) == hash(teqx.Partial(len))
+
+
+@pytest.mark.parametrize("lib", [*LIBRARIES, pytest.param(tm, id="treemod")])
+def test_custom_init_is_inherited_by_subclasses_that_add_fields(lib: Any) -> None:
+    class Parent(lib.Module):
+        x: int
+
+        def __init__(self, v: int) -> None:
+            self.x = 10 * v
+
+    class WithDefault(Parent):
+        y: int = 5
+
+    class WithRequired(Parent):
+        y: int
+
+    built = WithDefault(1)
+    assert (built.x, built.y) == (10, 5)  # Parent.__init__ ran; `y` took its default
+    with pytest.raises(TypeError):
+        WithDefault(1, 2)
+    with pytest.raises(TypeError, match="'y' was not initialized"):
+        WithRequired(1)

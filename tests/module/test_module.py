@@ -247,7 +247,7 @@ def test_check_init_errors_propagate() -> None:
         Positive(-1)
 
 
-def test_custom_init_is_inherited_by_subclasses_without_fields() -> None:
+def test_custom_init_is_inherited_by_subclasses() -> None:
     class Parent(tm.Module):
         x: int
         y: int
@@ -264,9 +264,18 @@ def test_custom_init_is_inherited_by_subclasses_without_fields() -> None:
         z: int = 0
 
     assert (Child(3).x, Child(3).y, Child(3).double()) == (3, 6, 6)
-    # adding fields gives a generated dataclass __init__ again (as in Equinox)
-    c = ChildWithField(1, 2, 3)
-    assert (c.x, c.y, c.z) == (1, 2, 3)
+    # also by a subclass that adds fields: they take their defaults (as in Equinox)
+    c = ChildWithField(1)
+    assert (c.x, c.y, c.z) == (1, 2, 0)
+
+    class ChildWithRequiredField(Parent):
+        z: int
+
+    with pytest.raises(
+        TypeError,
+        match=r"'z' was not initialized: .*Parent\.__init__ did not set it on .*Required",
+    ):
+        ChildWithRequiredField(1)
 
 
 def test_missing_field_error_names_class_and_field() -> None:

@@ -190,9 +190,9 @@ class _ModuleMeta(abc.ABCMeta):
         namespace["__annotations__"] = annotations
         cls: Any = super().__new__(mcs, name, bases, namespace, **kwargs)
 
-        cls.__tm_custom_init__ = "__init__" in namespace or (
-            inherits_custom_init(cls) and not annotations
-        )
+        # A hand-written `__init__` is inherited, also by subclasses that add fields (as in
+        # Equinox; their new fields take their defaults).
+        cls.__tm_custom_init__ = "__init__" in namespace or inherits_custom_init(cls)
         init_doc = cls.__init__.__doc__  # a generated `__init__` keeps the inherited docstring
         cls = dataclasses.dataclass(eq=False, repr=False, init=not cls.__tm_custom_init__)(cls)
         if cls.__tm_custom_init__:
@@ -315,9 +315,11 @@ def _finish_init(cls: Any, self: Any) -> None:
             elif f.default_factory is not dataclasses.MISSING:
                 d[f.name] = f.default_factory()
             else:
+                init = getattr(cls.__init__, "__qualname__", "__init__")
                 raise TypeError(
-                    f"Field '{f.name}' was not initialized: {cls.__qualname__}.__init__ did not "
-                    f"set it. Set `self.{f.name}` in __init__, or give the field a default."
+                    f"Field '{f.name}' was not initialized: {init} did not set it on "
+                    f"{cls.__qualname__}. Set `self.{f.name}` in __init__, or give the field a "
+                    "default."
                 )
     if not SUSPECT_TYPES.isdisjoint(map(type, d.values())):  # one pass in C
         for name, value in list(d.items()):
