@@ -189,3 +189,12 @@ def test_filter_custom_vjp_differentiating_another_argument_is_an_error() -> Non
     assert _outcome(lambda: program(eqx)) is RuntimeError
     with pytest.raises(RuntimeError, match=r"filter_custom_vjp\(f\): args\[0\]\['b'\] is being"):
         program(teqx)
+
+
+@pytest.mark.parametrize("name", ["filter_grad", "filter_value_and_grad"])
+def test_first_argument_by_keyword_is_refused_as_in_equinox(name: str) -> None:
+    prefix = "Functions wrapped with"
+    with pytest.raises(TypeError, match=prefix):
+        getattr(eqx, name)(lambda x: x)(x=jnp.array(1.0))
+    with pytest.raises(TypeError, match=rf"{prefix} {name} .* {name}\(<lambda>\) was called"):
+        getattr(teqx, name)(lambda x: x)(x=jnp.array(1.0))

@@ -17,6 +17,7 @@ from typing import Any, overload
 import jax
 import jax.tree_util as jtu
 
+from treemod._format.paths import function_name
 from treemod._module.state import is_param
 from treemod._transforms.leaves import Split, split_tree
 from treemod._transforms.wrapper import P, TransformedFunction
@@ -55,8 +56,10 @@ class _GradWrapper(TransformedFunction[P, Any]):
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         if not args:
             raise TypeError(
-                f"{self._name}: the function must be called with its first argument (the one "
-                "being differentiated, usually the model) passed positionally."
+                f"Functions wrapped with {self._name} must be called with their first argument "
+                "(the one being differentiated, usually the model) passed by position; "
+                f"{self._name}({function_name(self._fun)}) was called with keyword arguments "
+                f"only ({', '.join(map(str, kwargs))})."
             )
         x, rest = args[0], args[1:]
         diff, nondiff = partition(x, is_param)
