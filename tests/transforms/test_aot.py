@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,14 @@ def _reference(model: Any, x: Any, y: Any, lr: float) -> tuple[np.ndarray, np.nd
     return np.asarray(w - lr * gw), np.asarray(b - lr * gb), float(value)
 
 
-def _save(module: Any, path: Path, *args: Any) -> Path:
-    compiled = tm.filter_jit(module.step).lower(*args).compile()
-    return tm.save_compiled(path, compiled)
+def _save(module: Any, path: Path, *args: Any, compile: bool = True) -> Path:
+    lowered = tm.filter_jit(module.step).lower(*args)
+    return tm.save_compiled(path, lowered.compile() if compile else lowered)
 
 
 def test_round_trip_in_a_new_process_without_tracing(step_module: Any, tmp_path: Path) -> None:
     args = _inputs(step_module)
-    path = _save(step_module, tmp_path / "step.jaxexe", *args)
+    path = _save(step_module, tmp_path / "step.jaxexe", *args, compile=False)
     child = textwrap.dedent(
         """
         import json, sys
@@ -125,6 +126,27 @@ def test_loaded_step_in_process(step_module: Any, tmp_path: Path) -> None:
     w, b, expected = _reference(*args)
     np.testing.assert_allclose(np.asarray(new.weight), w, rtol=1e-5, atol=1e-6)
     assert float(value) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_lowered_step_is_compiled_to_load_fast() -> None:
+    """Given `.lower(...)`, save_compiled compiles without YNNPACK fusions on the CPU, which
+    plain `jax.jit` uses by default for a dot of this size; `.compile()` is saved as it is."""
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("YNNPACK fusions are XLA:CPU's")
+
+    def layer(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w.T)
+
+    w, x = jax.random.normal(jax.random.key(0), (64, 64)), jnp.ones((8, 64))
+    assert "__ynn_fusion" in jax.jit(layer).lower(w, x).compile().as_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        lowered = tm.filter_jit(layer).lower(w, x)
+        fast = tm.load_compiled(tm.save_compiled(Path(tmp) / "fast.jaxexe", lowered))
+        as_is = tm.load_compiled(tm.save_compiled(Path(tmp) / "as_is", lowered.compile()))
+        assert "__ynn_fusion" not in fast._executable.as_text()
+        assert "__ynn_fusion" in as_is._executable.as_text()
+        expected = np.tanh(np.asarray(x) @ np.asarray(w).T)
+        np.testing.assert_allclose(fast(w, x), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -208,6 +230,8 @@ def test_save_refuses_what_it_cannot_save(step_module: Any, tmp_path: Path) -> N
     bound = tm.filter_jit(model).lower(x).compile()
     with pytest.raises(TypeError, match=r"holds arrays of its own"):
         tm.save_compiled(tmp_path / "m.jaxexe", bound)
+    with pytest.raises(TypeError, match=r"Affine.*holds arrays of its own"):
+        tm.save_compiled(tmp_path / "m.jaxexe", tm.filter_jit(model).lower(x))
     local = tm.filter_jit(lambda x, f: f(x)).lower(x, lambda v: v * 2).compile()
     with pytest.raises(TypeError, match=r"static value .* at args\[1\] cannot be saved"):
         tm.save_compiled(tmp_path / "l.jaxexe", local)

@@ -5,6 +5,11 @@
 shapes and dtypes, and the JAX version and devices it was compiled for. `load_compiled` reads
 it back as a callable that checks each call's arguments against what was compiled (naming the
 argument path that differs) and runs the executable: no tracing, lowering or compilation.
+
+Given a `Lowered`, `save_compiled` compiles it with `LOAD_OPTIONS` for its platform. On the
+CPU these turn off XLA's YNNPACK library fusions: loading an executable finds each fusion's
+instruction by a scan of the whole program (quadratic in the program's size: 88 of 102 s of a
+48-block stack's load) and its first run builds every fusion's runtime.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._format.retrace import _paths, aval_of, explain
-from treemod._transforms.jit import _UNUSED_DONATION, Compiled
+from treemod._transforms.jit import _UNUSED_DONATION, Compiled, Lowered
 from treemod._transforms.jit_cache import static_key
 from treemod._transforms.leaves import unpack_output
 from treemod._tree.filters import IS_ARRAY_TYPE
@@ -33,6 +38,9 @@ __all__ = ["LoadedCompiled", "load_compiled", "save_compiled"]
 
 _FORMAT = "treemod compiled step"
 _VERSION = 1
+
+# XLA options `save_compiled` compiles a `Lowered` with, per platform: what loads fast.
+LOAD_OPTIONS: dict[str, dict[str, Any]] = {"cpu": {"xla_cpu_experimental_ynn_fusion_type": ""}}
 
 
 def _environment() -> dict[str, Any]:
@@ -49,32 +57,37 @@ def _float_positions(static: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(i for i, x in enumerate(static) if isinstance(x, float | complex))
 
 
-def save_compiled(path: str | os.PathLike[str], compiled: Compiled[Any, Any]) -> Path:
+def save_compiled(
+    path: str | os.PathLike[str], compiled: Compiled[Any, Any] | Lowered[Any, Any]
+) -> Path:
     """Save an ahead-of-time compiled `filter_jit` function to one file.
 
-    `compiled` comes from `treemod.filter_jit(f).lower(*args).compile()`. The file holds the
-    executable, the arguments' structure, static values, shapes and dtypes, and the JAX version
-    and devices; `load_compiled` runs it in another process without tracing. Static values are
-    saved with `pickle` (functions and classes by name: they must be importable there).
+    `compiled` comes from `treemod.filter_jit(f).lower(*args)`, compiled here with the options
+    that make loading fast (`LOAD_OPTIONS`: on the CPU, no YNNPACK library fusions, whose load
+    cost grows with the square of the program's size), or from `.lower(*args).compile()`,
+    saved as it is. The file holds the executable, the arguments' structure, static values,
+    shapes and dtypes, and the JAX version and devices; `load_compiled` runs it in another
+    process without tracing. Static values are saved with `pickle` (functions and classes by
+    name: they must be importable there).
 
     Arguments:
         path: the file to write (replaced atomically if it exists).
-        compiled: the result of `.lower(...).compile()` on a `filter_jit` function.
+        compiled: `.lower(...)` or `.lower(...).compile()` of a `filter_jit` function.
 
     Returns:
         The path written.
 
     Example:
         >>> import jax.numpy as jnp, tempfile, os, treemod as tm
-        >>> step = tm.filter_jit(lambda x, n: x * n).lower(jnp.ones(2), 3).compile()
+        >>> step = tm.filter_jit(lambda x, n: x * n).lower(jnp.ones(2), 3)
         >>> path = tm.save_compiled(os.path.join(tempfile.mkdtemp(), "step.jaxexe"), step)
         >>> tm.load_compiled(path)(jnp.arange(2.0), 3)
         Array([0., 3.], dtype=float32)
     """
-    if not isinstance(compiled, Compiled):
+    if not isinstance(compiled, Compiled | Lowered):
         raise TypeError(
-            "save_compiled expects what `treemod.filter_jit(f).lower(*args).compile()` "
-            f"returns; got {type(compiled).__name__}."
+            "save_compiled expects what `treemod.filter_jit(f).lower(*args)` (or its "
+            f"`.compile()`) returns; got {type(compiled).__name__}."
         )
     wrapper = compiled._wrapper
     if wrapper._fn_tree is not None:
@@ -84,6 +97,8 @@ def save_compiled(path: str | os.PathLike[str], compiled: Compiled[Any, Any]) ->
             "the module as an argument, e.g. filter_jit(type(model).__call__) or "
             "filter_jit(lambda model, x: model(x))."
         )
+    if isinstance(compiled, Lowered):
+        compiled = compiled.compile(LOAD_OPTIONS.get(jax.devices()[0].platform))
     from jax.experimental.serialize_executable import serialize
 
     try:

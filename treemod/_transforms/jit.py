@@ -302,9 +302,20 @@ class Lowered(Generic[P, R]):
         """The lowered program (StableHLO) as text."""
         return str(self._lowered.as_text())
 
-    def compile(self) -> Compiled[P, R]:
-        """Compile, returning a callable with the wrapped function's signature."""
-        compiled = Compiled(self._lowered.compile(), self._wrapper, self._key, self._k)
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled[P, R]:
+        """Compile, returning a callable with the wrapped function's signature.
+
+        Arguments:
+            compiler_options: XLA options for this compilation only (`jax.jit`'s
+                `.lower(...).compile(compiler_options=...)`), e.g.
+                `{"xla_cpu_experimental_ynn_fusion_type": ""}`.
+
+        Returns:
+            A `Compiled` taking arguments of the same structure, shapes and static values.
+        """
+        compiled = Compiled(
+            self._lowered.compile(compiler_options), self._wrapper, self._key, self._k
+        )
         compiled._signature = self._signature
         return compiled
 
