@@ -198,3 +198,21 @@ def test_first_argument_by_keyword_is_refused_as_in_equinox(name: str) -> None:
         getattr(eqx, name)(lambda x: x)(x=jnp.array(1.0))
     with pytest.raises(TypeError, match=rf"{prefix} {name} .* {name}\(<lambda>\) was called"):
         getattr(teqx, name)(lambda x: x)(x=jnp.array(1.0))
+
+
+def test_filter_jit_wrappers_of_one_custom_vjp_function_share_its_versions() -> None:
+    def traces(e: Any) -> int:
+        count = [0]
+
+        @e.filter_custom_vjp
+        def f(x: Any) -> Any:
+            count[0] += 1
+            return x
+
+        f.def_fwd(lambda perturbed, x: (x, None))
+        f.def_bwd(lambda res, g, perturbed, x: g + 2)
+        for _ in range(2):  # a new filter_jit wrapper each time, of the same object
+            assert e.filter_grad(e.filter_jit(f))(jnp.array(1.0)) == 3
+        return count[0]
+
+    assert traces(teqx) == traces(eqx)

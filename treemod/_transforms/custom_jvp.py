@@ -47,6 +47,9 @@ class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's nam
         1.0
     """
 
+    # One function once its rules are set: filter_jit wrappers of it share compiled versions.
+    __tm_shareable__ = True
+
     def __init__(self, fn: Callable[P, R]) -> None:
         self.fn: Callable[..., Any] = fn
         self.fn_jvp: Callable[..., Any] | None = None

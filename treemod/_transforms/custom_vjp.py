@@ -55,6 +55,9 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         Array(1., dtype=float32)
     """
 
+    # One function once its rules are set: filter_jit wrappers of it share compiled versions.
+    __tm_shareable__ = True
+
     def __init__(self, fn: Callable[Concatenate[_A, P], R]) -> None:
         self.fn: Callable[..., Any] = fn
         self.fn_fwd: Callable[..., Any] | None = None

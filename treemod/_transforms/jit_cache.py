@@ -198,8 +198,10 @@ def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 
 def shareable(fn: Any) -> bool:
-    """Whether wrappers of the plain callable `fn` may share versions (a Python function)."""
-    return type(fn) is types.FunctionType
+    """Whether wrappers of the plain callable `fn` may share versions: a Python function, or
+    an object whose class says it is one function for good (`__tm_shareable__`, as
+    `filter_custom_vjp` does), shared by identity."""
+    return type(fn) is types.FunctionType or getattr(type(fn), "__tm_shareable__", False)
 
 
 _pack_float = struct.Struct("<d").pack
