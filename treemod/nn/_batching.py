@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -31,6 +31,8 @@ except ImportError:  # pragma: no cover - a JAX without it keeps the nested path
 
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
+
+_R = TypeVar("_R")
 
 
 class Core(NamedTuple):
@@ -78,7 +80,7 @@ def _batch_shape(owner: str, inputs: Sequence[Core]) -> tuple[int, ...]:
     return () if batch is None else batch
 
 
-def batch_apply(owner: str, method: Callable[..., Any], inputs: Sequence[Core]) -> Any:
+def batch_apply(owner: str, method: Callable[..., _R], inputs: Sequence[Core]) -> _R:
     """Apply a layer's core computation to inputs with any number of leading batch dims.
 
     The core runs as its own cached, nested `filter_jit`. Layers with the same configuration
@@ -105,10 +107,14 @@ def batch_apply(owner: str, method: Callable[..., Any], inputs: Sequence[Core]) 
     if arrays and type(method) is types.MethodType and _eager():
         # An eager call: the reshapes, the core and the reshapes back are one compiled
         # program (one dispatch instead of three), cached per layer and input signature.
-        return _eager_apply(method.__func__, method.__self__, batch, n, ranks, values)
+        # `method`'s own function, so the result has `method`'s type.
+        eager: _R = _eager_apply(method.__func__, method.__self__, batch, n, ranks, values)
+        return eager
     args = _to_rows(batch, n, ranks, values)
     out = filter_jit(method, explain_retraces=False)(*args)
-    return jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)
+    # The reshapes keep the tree's structure and leaf types: the result has `method`'s type.
+    restored: _R = jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)
+    return restored
 
 
 def _to_rows(

@@ -8,11 +8,12 @@ Equinox's field order, or rebuilds the layer from them. Every function accepts
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import jax.numpy as jnp
 import numpy as np
 
+from treemod._module.module import Module
 from treemod._module.state import State
 from treemod._saving.equinox_format import map_array
 from treemod._tree.tree_at import tree_at
@@ -30,6 +31,22 @@ __all__ = [
     "spectral_norm_fields",
     "spectral_norm_from_fields",
 ]
+
+# The rebuilders return a copy of the layer they are given, of its type.
+_M = TypeVar("_M", bound=Module)
+
+
+class _ConvLayout(Protocol):
+    """What `conv_from_fields` reads of a `Conv`/`ConvTranspose`."""
+
+    @property
+    def num_spatial_dims(self) -> int: ...
+
+    @property
+    def channels_last(self) -> bool: ...
+
+
+_C = TypeVar("_C", bound=_ConvLayout)
 
 
 def _is_none(x: Any) -> bool:
@@ -56,7 +73,7 @@ def conv_fields(layer: Any, flip: bool) -> dict[str, Any]:
     }
 
 
-def conv_from_fields(layer: Any, fields: dict[str, Any], flip: bool) -> Any:
+def conv_from_fields(layer: _C, fields: dict[str, Any], flip: bool) -> _C:
     """The layer with Equinox's `weight` and `bias` in treemod's layout."""
     n, last = layer.num_spatial_dims, layer.channels_last
 
@@ -68,7 +85,8 @@ def conv_from_fields(layer: Any, fields: dict[str, Any], flip: bool) -> Any:
         map_array(fields["weight"], weight),
         map_array(fields["bias"], lambda b: b.reshape(b.shape[:1])),
     )
-    return tree_at(lambda m: (m.weight, m.bias), layer, new, is_leaf=_is_none)
+    rebuilt: _C = tree_at(lambda m: (m.weight, m.bias), layer, new, is_leaf=_is_none)
+    return rebuilt
 
 
 def prelu_fields(layer: Any) -> dict[str, Any]:
@@ -77,9 +95,10 @@ def prelu_fields(layer: Any) -> dict[str, Any]:
     return {"negative_slope": map_array(slope, lambda s: s.reshape(()) if s.shape == (1,) else s)}
 
 
-def prelu_from_fields(layer: Any, fields: dict[str, Any]) -> Any:
+def prelu_from_fields(layer: _M, fields: dict[str, Any]) -> _M:
     slope = map_array(fields["negative_slope"], lambda s: s.reshape(1) if s.ndim == 0 else s)
-    return tree_at(lambda m: m.negative_slope, layer, slope)
+    rebuilt: _M = tree_at(lambda m: m.negative_slope, layer, slope)
+    return rebuilt
 
 
 def pool_fields(layer: Any, init: Any) -> dict[str, Any]:
@@ -103,7 +122,7 @@ def batch_norm_fields(layer: Any) -> dict[str, Any]:
     }
 
 
-def batch_norm_from_fields(layer: Any, fields: dict[str, Any]) -> Any:
+def batch_norm_from_fields(layer: _M, fields: dict[str, Any]) -> _M:
     """The layer with Equinox's statistics; before Equinox's first training call (first-time
     flag still set, buffers uninitialised) treemod's initial statistics (zeros, ones)."""
     mean, var = fields["ema_state_index"].value
@@ -111,12 +130,13 @@ def batch_norm_from_fields(layer: Any, fields: dict[str, Any]) -> Any:
     if not isinstance(first, jnp.ndarray | np.ndarray) or bool(first):
         mean = map_array(mean, jnp.zeros_like)
         var = map_array(var, jnp.ones_like)
-    return tree_at(
+    rebuilt: _M = tree_at(
         lambda m: (m.weight, m.bias, m.running_mean, m.running_var),
         layer,
         (fields["weight"], fields["bias"], State(mean), State(var)),
         is_leaf=_is_none,
     )
+    return rebuilt
 
 
 def spectral_norm_fields(layer: Any) -> dict[str, Any]:
@@ -128,6 +148,8 @@ def spectral_norm_fields(layer: Any) -> dict[str, Any]:
     }
 
 
-def spectral_norm_from_fields(layer: Any, fields: dict[str, Any]) -> Any:
+def spectral_norm_from_fields(layer: _M, fields: dict[str, Any]) -> _M:
     u, v = fields["uv_index"].value
-    return tree_at(lambda m: (m.layer, m.u, m.v), layer, (fields["layer"], State(u), State(v)))
+    new = (fields["layer"], State(u), State(v))
+    rebuilt: _M = tree_at(lambda m: (m.layer, m.u, m.v), layer, new)
+    return rebuilt

@@ -15,10 +15,7 @@ _T = TypeVar("_T")
 
 
 def _has_inference_field(node: Any) -> bool:
-    return isinstance(node, Module) and any(
-        f.name == "inference"
-        for f in dataclasses.fields(node)  # type: ignore[arg-type]
-    )
+    return isinstance(node, Module) and any(f.name == "inference" for f in dataclasses.fields(node))
 
 
 def _switch(node: Any, value: bool) -> Any:
@@ -35,12 +32,14 @@ def _switch(node: Any, value: bool) -> Any:
     return new
 
 
-def _switch_tree(tree: Any, value: bool) -> Any:
-    return jtu.tree_map(
+def _switch_tree(tree: _T, value: bool) -> _T:
+    # Each module is replaced by a copy of its own type: the tree keeps its type.
+    switched: _T = jtu.tree_map(
         lambda x: _switch(x, value) if _has_inference_field(x) else x,
         tree,
         is_leaf=_has_inference_field,
     )
+    return switched
 
 
 def inference_mode(model: _T, value: bool = True) -> _T:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jax import lax
+from jax import Array, lax
 
 from ._batching import Core, batch_apply
 
@@ -32,12 +32,12 @@ _SPATIAL_NAMES = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height",
 
 def apply_image_layer(
     layer: Any,
-    method: Callable[[Any], Any],
+    method: Callable[[Array], Array],
     x: Any,
     channels_name: str,
     channels: int | None,
     n: int,
-) -> Any:
+) -> Array:
     """`batch_apply` of an image layer's core `method` to `x`, whose one example has a channel
     axis (named `channels_name`, of size `channels`, `None` for any) and `n` spatial axes,
     channels first or last as `layer.channels_last` says."""

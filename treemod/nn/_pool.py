@@ -159,11 +159,11 @@ class Pool(Module):
         """Per-axis window sizes (or strides) of a batched input, from the spatial ones."""
         return (1, *sizes, 1) if self.channels_last else (1, 1, *sizes)
 
-    def _reduce(self, x: Array) -> tuple[Array, list, list]:
+    def _reduce(self, x: Array) -> tuple[Array, list[tuple[int, int]], list[int]]:
         last = self.channels_last
         pads, extra = self._pads(spatial_shape(x, self.num_spatial_dims, last))
         full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
-        y = lax.reduce_window(
+        y: Array = lax.reduce_window(
             x,
             _identity(self.init, x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
             self.operation,
@@ -294,7 +294,7 @@ class AvgPool(Pool):
         spatial = spatial_shape(x, self.num_spatial_dims, self.channels_last)
         ones = np.ones(tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads, strict=True)))
         ones = np.pad(ones, [(0, e) for e in extra])
-        count = lax.reduce_window(
+        count: Array = lax.reduce_window(
             jnp.asarray(ones.reshape(self._window(ones.shape)), x.dtype),
             jnp.array(0, x.dtype),
             lax.add,

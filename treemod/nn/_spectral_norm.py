@@ -114,7 +114,7 @@ class SpectralNorm(Module, Generic[_Layer]):
         return _eqx.spectral_norm_from_fields(self, fields)
 
     def _normalised(self, u: Array, v: Array) -> Array:
-        w = getattr(self.layer, self.weight_name)
+        w: Array = getattr(self.layer, self.weight_name)
         sigma = u @ jnp.reshape(w, (w.shape[0], -1)) @ v
         return w / sigma
 

@@ -217,7 +217,7 @@ def _check_carry(x: Any, out: Any) -> None:
         )
 
 
-def _template(cls: type, layers: Any, num_layers: int, unroll: int) -> Any:
-    obj: Any = object.__new__(cls)
+def _template(cls: type[Stack], layers: Any, num_layers: int, unroll: int) -> Stack:
+    obj = object.__new__(cls)
     obj.__dict__.update(layers=layers, num_layers=num_layers, unroll=unroll)
     return obj

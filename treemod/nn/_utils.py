@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike
 
 COMPLEX_LAYERS = "Linear, Conv, ConvTranspose and Embedding"
 
@@ -92,7 +93,7 @@ def accepts_key(layer: Any) -> bool:
     return isinstance(layer, Module) and _type_accepts_key(type(layer))
 
 
-def lead(a: Any, ndim: int) -> Any:
+def lead(a: ArrayLike, ndim: int) -> jax.Array:
     """Reshape `a` with leading ones to rank `ndim` (explicit broadcasting, no rank promotion).
 
     `lax.reshape` binds one primitive (and none when the rank is already `ndim`), which keeps
@@ -102,7 +103,7 @@ def lead(a: Any, ndim: int) -> Any:
     return lax.reshape(a, (1,) * (ndim - len(shape)) + shape)
 
 
-def matmul_t(x: Any, weight: Any) -> Any:
+def matmul_t(x: jax.Array, weight: jax.Array) -> jax.Array:
     """`x @ weight.T` for `x` of shape `(..., in)` and `weight` of shape `(out, in)`.
 
     One `dot_general` contracting the last axes, so tracing stages no transpose; inputs of

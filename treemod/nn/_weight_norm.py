@@ -74,7 +74,7 @@ class WeightNorm(Module, Generic[_Layer]):
     @property
     def weight(self) -> Array:
         """The normalised weight `g * v / ||v||` the layer is called with."""
-        v = getattr(self.layer, self.weight_name)
+        v: Array = getattr(self.layer, self.weight_name)
         return v * (self.g / _norm_except(v, self.axis))
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Any:
