@@ -216,3 +216,14 @@ def test_filter_jit_wrappers_of_one_custom_vjp_function_share_its_versions() -> 
         return count[0]
 
     assert traces(teqx) == traces(eqx)
+
+
+@pytest.mark.parametrize("donate", ["none", "all"])
+def test_filter_pmap_lower_and_compile_as_in_equinox(donate: str) -> None:
+    def run(e: Any) -> Any:
+        f = e.filter_pmap(lambda x, k, tag: (2 * x + k, tag), donate=donate)
+        lowered = f.lower(jnp.array([3.0]), 4, "t")
+        assert "stablehlo" in lowered.as_text() or "func" in lowered.as_text()
+        return lowered.compile()(jnp.array([3.0]), 4, "t")
+
+    _same(run(teqx), run(eqx))

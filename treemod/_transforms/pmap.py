@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any, Literal, overload
+from typing import Any, Generic, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -104,7 +104,10 @@ class _PmapWrapper(TransformedFunction[P, R]):
         )
         return pmapped, plan
 
-    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+    def _prepare(
+        self, args: tuple[Any, ...], kwargs: dict[Any, Any]
+    ) -> tuple[tuple[Callable[..., Any], dict[str, Any]], list[Any], Any]:
+        """The compiled entry for these arguments, their mapped arrays, and the dummy."""
         axes = self._axes(args, kwargs)
         leaves, treedef = jtu.tree_flatten((args, kwargs))
         mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
@@ -125,7 +128,6 @@ class _PmapWrapper(TransformedFunction[P, R]):
         if entry is None:
             entry = self._compile(treedef, mask, tuple(axes), static)
             self._cache[key] = entry
-        pmapped, plan = entry
         size = self._axis_size
         for x, a in zip(leaves, axes, strict=True):
             if a is not None and not -jnp.ndim(x) <= a < jnp.ndim(x):
@@ -136,14 +138,56 @@ class _PmapWrapper(TransformedFunction[P, R]):
                 )
         if size is None:  # the dummy's size: that of the first mapped axis
             size = next(jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True) if a is not None)
-        arrays = pmapped(dynamic, jnp.zeros((size,), jnp.bool_))
-        arrays = [
-            x[0] if axis is None else (x if axis == 0 else jnp.moveaxis(x, 0, axis))
-            for x, axis in zip(arrays, plan["axes"], strict=True)
-        ]
-        it_a, it_s = iter(arrays), iter(plan["static"])
-        out = [next(it_a) if arr else next(it_s) for arr in plan["is_array"]]
-        return plan["treedef"].unflatten(out)  # type: ignore[no-any-return]
+        return entry, dynamic, jnp.zeros((size,), jnp.bool_)
+
+    def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        (pmapped, plan), dynamic, dummy = self._prepare(args, kwargs)
+        return _unpack(pmapped(dynamic, dummy), plan)  # type: ignore[no-any-return]
+
+    def lower(self, /, *args: P.args, **kwargs: P.kwargs) -> PmapLowered[P, R]:
+        """Trace and lower for these arguments, for ahead-of-time compilation.
+
+        Returns:
+            A `PmapLowered` whose `.compile()` gives a callable taking arguments of the same
+            structure, array shapes and non-array values; `.as_text()` shows the program.
+        """
+        (pmapped, plan), dynamic, dummy = self._prepare(args, kwargs)
+        return PmapLowered(pmapped.lower(dynamic, dummy), self, plan)  # type: ignore[attr-defined]
+
+
+def _unpack(arrays: list[Any], plan: dict[str, Any]) -> Any:
+    """The caller's output from the pmapped arrays: each moved to its out_axes (or, for
+    `None`, its first copy taken), the static leaves put back."""
+    arrays = [
+        x[0] if axis is None else (x if axis == 0 else jnp.moveaxis(x, 0, axis))
+        for x, axis in zip(arrays, plan["axes"], strict=True)
+    ]
+    it_a, it_s = iter(arrays), iter(plan["static"])
+    out = [next(it_a) if arr else next(it_s) for arr in plan["is_array"]]
+    return plan["treedef"].unflatten(out)
+
+
+class PmapLowered(Generic[P, R]):
+    """`filter_pmap(f).lower(*args)`: `.compile()` it; `.as_text()` shows the program."""
+
+    def __init__(self, lowered: Any, wrapper: _PmapWrapper[P, R], plan: dict[str, Any]) -> None:
+        self._lowered = lowered
+        self._wrapper = wrapper
+        self._plan = plan
+
+    def as_text(self) -> str:
+        """The lowered program's text (StableHLO)."""
+        return self._lowered.as_text()  # type: ignore[no-any-return]
+
+    def compile(self) -> Callable[P, R]:
+        """Compile; the result takes arguments like those `lower` was given."""
+        compiled, wrapper, plan = self._lowered.compile(), self._wrapper, self._plan
+
+        def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            _, dynamic, dummy = wrapper._prepare(args, kwargs)
+            return _unpack(compiled(dynamic, dummy), plan)  # type: ignore[no-any-return]
+
+        return run
 
 
 @overload
@@ -200,7 +244,8 @@ def filter_pmap(
         **pmap_kwargs: passed on to `jax.pmap` (`devices=`, `backend=`).
 
     Returns:
-        The parallelised function.
+        The parallelised function; its `.lower(*args)` traces and lowers it for these
+        arguments (ahead-of-time compilation: `.compile()` on the result).
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod as tm
