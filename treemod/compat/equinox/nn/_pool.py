@@ -60,7 +60,7 @@ class _EquinoxCeil:
 
     def __call__(self, x: Array, *, key: Any = None) -> Array:
         """Pool `x` of shape `(channels, *spatial)` (or a batch of them)."""
-        flat = self._flat  # type: ignore[attr-defined]
+        flat = self._flat  # type: ignore[attr-defined]  # the treemod pool's, later in the MRO
         return apply_image_layer(self, flat, x, "channels", None, self.num_spatial_dims)
 
     def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
@@ -84,10 +84,11 @@ class _EquinoxAverage(_EquinoxCeil):
     """Equinox's average: the window's sum over the full kernel size, padding included."""
 
     def _flat(self, x: Array) -> Array:
-        return self._reduce(x)[0] / math.prod(self.kernel_size)  # type: ignore[attr-defined]
+        summed: Array = self._reduce(x)[0]  # type: ignore[attr-defined]  # the treemod pool's
+        return summed / math.prod(self.kernel_size)
 
 
-class Pool(_EquinoxCeil, _Pool):  # type: ignore[misc]
+class Pool(_EquinoxCeil, _Pool):
     """Equinox's `nn.Pool`: treemod's `Pool` with Equinox's `use_ceil`.
 
     Example:
@@ -100,19 +101,19 @@ class Pool(_EquinoxCeil, _Pool):  # type: ignore[misc]
     """
 
 
-class MaxPool1d(_EquinoxCeil, _MaxPool1d):  # type: ignore[misc]
+class MaxPool1d(_EquinoxCeil, _MaxPool1d):
     """Equinox's `nn.MaxPool1d` (`use_ceil` as Equinox's)."""
 
 
-class MaxPool2d(_EquinoxCeil, _MaxPool2d):  # type: ignore[misc]
+class MaxPool2d(_EquinoxCeil, _MaxPool2d):
     """Equinox's `nn.MaxPool2d` (`use_ceil` as Equinox's)."""
 
 
-class MaxPool3d(_EquinoxCeil, _MaxPool3d):  # type: ignore[misc]
+class MaxPool3d(_EquinoxCeil, _MaxPool3d):
     """Equinox's `nn.MaxPool3d` (`use_ceil` as Equinox's)."""
 
 
-class AvgPool1d(_EquinoxAverage, _AvgPool1d):  # type: ignore[misc]
+class AvgPool1d(_EquinoxAverage, _AvgPool1d):
     """Equinox's `nn.AvgPool1d`: sums divided by the kernel size, `use_ceil` as Equinox's.
 
     Example:
@@ -123,11 +124,11 @@ class AvgPool1d(_EquinoxAverage, _AvgPool1d):  # type: ignore[misc]
     """
 
 
-class AvgPool2d(_EquinoxAverage, _AvgPool2d):  # type: ignore[misc]
+class AvgPool2d(_EquinoxAverage, _AvgPool2d):
     """Equinox's `nn.AvgPool2d`: sums divided by the kernel size, `use_ceil` as Equinox's."""
 
 
-class AvgPool3d(_EquinoxAverage, _AvgPool3d):  # type: ignore[misc]
+class AvgPool3d(_EquinoxAverage, _AvgPool3d):
     """Equinox's `nn.AvgPool3d`: sums divided by the kernel size, `use_ceil` as Equinox's."""
 
 
@@ -162,11 +163,11 @@ class _EquinoxWindows:
         for i, target in enumerate(self.target_shape):
             axis = 2 + i
             windows = equinox_windows(name, x.shape[axis], target)
-            x = self._pool_axis(x, axis, windows)  # type: ignore[attr-defined]
+            x = self._pool_axis(x, axis, windows)  # type: ignore[attr-defined]  # the pool's
         return x
 
 
-class AdaptivePool(_EquinoxWindows, _AdaptivePool):  # type: ignore[misc]
+class AdaptivePool(_EquinoxWindows, _AdaptivePool):
     """Equinox's `nn.AdaptivePool`: any reduction over Equinox's adaptive windows.
 
     Example:
@@ -177,25 +178,25 @@ class AdaptivePool(_EquinoxWindows, _AdaptivePool):  # type: ignore[misc]
     """
 
 
-class AdaptiveAvgPool1d(_EquinoxWindows, _AdaptiveAvgPool1d):  # type: ignore[misc]
+class AdaptiveAvgPool1d(_EquinoxWindows, _AdaptiveAvgPool1d):
     """Equinox's `nn.AdaptiveAvgPool1d` (Equinox's windows)."""
 
 
-class AdaptiveAvgPool2d(_EquinoxWindows, _AdaptiveAvgPool2d):  # type: ignore[misc]
+class AdaptiveAvgPool2d(_EquinoxWindows, _AdaptiveAvgPool2d):
     """Equinox's `nn.AdaptiveAvgPool2d` (Equinox's windows)."""
 
 
-class AdaptiveAvgPool3d(_EquinoxWindows, _AdaptiveAvgPool3d):  # type: ignore[misc]
+class AdaptiveAvgPool3d(_EquinoxWindows, _AdaptiveAvgPool3d):
     """Equinox's `nn.AdaptiveAvgPool3d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool1d(_EquinoxWindows, _AdaptiveMaxPool1d):  # type: ignore[misc]
+class AdaptiveMaxPool1d(_EquinoxWindows, _AdaptiveMaxPool1d):
     """Equinox's `nn.AdaptiveMaxPool1d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool2d(_EquinoxWindows, _AdaptiveMaxPool2d):  # type: ignore[misc]
+class AdaptiveMaxPool2d(_EquinoxWindows, _AdaptiveMaxPool2d):
     """Equinox's `nn.AdaptiveMaxPool2d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool3d(_EquinoxWindows, _AdaptiveMaxPool3d):  # type: ignore[misc]
+class AdaptiveMaxPool3d(_EquinoxWindows, _AdaptiveMaxPool3d):
     """Equinox's `nn.AdaptiveMaxPool3d` (Equinox's windows)."""
