@@ -213,3 +213,20 @@ def test_custom_init_is_inherited_by_subclasses_that_add_fields(lib: Any) -> Non
         WithDefault(1, 2)
     with pytest.raises(TypeError, match="'y' was not initialized"):
         WithRequired(1)
+
+
+def test_bound_methods_print_as_in_equinox() -> None:
+    def printed(lib: Any) -> tuple[str, ...]:
+        class Scale(lib.Module):
+            w: jax.Array
+
+            def apply(self, x: Any) -> Any:
+                return self.w * x
+
+        bound = Scale(jnp.ones(2)).apply
+        grads = lib.filter_grad(lambda fn: fn(2.0).sum())(bound)
+        return lib.tree_pformat(bound), lib.tree_pformat(grads, width=20), repr(bound)
+
+    ours, theirs = printed(teqx), printed(eqx)
+    assert ours[:2] == theirs[:2]
+    assert ours[2].startswith("BoundMethod(__func__=<function ") and "apply>, __self__=" in ours[2]

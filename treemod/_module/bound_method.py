@@ -62,9 +62,9 @@ class BoundMethod:
     def __hash__(self) -> int:
         return hash((self.__func__, self.__self__))
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # as Equinox writes its `BoundMethod` module
         name = getattr(self.__func__, "__qualname__", repr(self.__func__))
-        return f"<bound method {name} of {type(self.__self__).__qualname__}>"
+        return f"BoundMethod(__func__=<function {name}>, __self__={self.__self__!r})"
 
 
 jtu.register_pytree_with_keys(

@@ -17,6 +17,8 @@ import jax
 import jax.tree_util as jtu
 import wadler_lindig as wl
 
+from treemod._module.bound_method import BoundMethod
+
 __all__ = ["tree_pformat", "tree_pprint"]
 
 
@@ -28,6 +30,15 @@ class _Partial:
 
 
 _Partial.__name__ = _Partial.__qualname__ = "Partial"
+
+
+@dataclasses.dataclass
+class _BoundMethod:
+    __func__: Callable[..., Any]
+    __self__: Any
+
+
+_BoundMethod.__name__ = _BoundMethod.__qualname__ = "BoundMethod"
 
 
 def _never(_: Any) -> bool:
@@ -53,6 +64,9 @@ def _hook(
             return wl.pdoc(wrapped, custom=custom, short_arrays=short_arrays)
         if isinstance(obj, jtu.Partial):  # as a dataclass `Partial(func=, args=, keywords=)`
             return wl.pdoc(_Partial(obj.func, obj.args, obj.keywords))
+        if type(obj) is BoundMethod:  # a module in Equinox: `BoundMethod(__func__=, __self__=)`
+            bound = _BoundMethod(obj.__func__, obj.__self__)
+            return wl.pdoc(bound, custom=custom, short_arrays=short_arrays)
         return None
 
     return custom
