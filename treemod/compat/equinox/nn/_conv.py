@@ -109,7 +109,7 @@ class _EquinoxFields:
         return tree_at(lambda m: (m.weight, m.bias), self, new, is_leaf=lambda x: x is None)
 
 
-class Conv(_EquinoxFields, _Conv):  # type: ignore[misc]
+class Conv(_EquinoxFields, _Conv):
     """Equinox's `nn.Conv`: treemod's `Conv` with Equinox's init and a bias `(out, 1, ..., 1)`.
 
     Called on one example `(in_channels, *spatial)` as Equinox's layer is (`jax.vmap` for a
@@ -183,7 +183,7 @@ class Conv(_EquinoxFields, _Conv):  # type: ignore[misc]
         return _Conv.__call__(self, x)
 
 
-class ConvTranspose(_EquinoxFields, _ConvTranspose):  # type: ignore[misc]
+class ConvTranspose(_EquinoxFields, _ConvTranspose):
     """Equinox's `nn.ConvTranspose`: treemod's `ConvTranspose` holding Equinox's kernel.
 
     Equinox runs its weight `(out, in/groups, *kernel)` unflipped as the convolution of the

@@ -60,8 +60,8 @@ class MLP(_MLP):
     """
 
     # Pytree nodes, as in Equinox: one copy of the activation per neuron (see the docstring).
-    activation: Callable[..., Any]  # type: ignore[misc]
-    final_activation: Callable[..., Any]  # type: ignore[misc]
+    activation: Callable[..., Any]
+    final_activation: Callable[..., Any]
     use_bias: bool = field(static=True)
     use_final_bias: bool = field(static=True)
     scan: bool = field(static=True)

@@ -32,7 +32,7 @@ class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta):
 
     _treemod_layer = _LayerNorm
 
-    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
+    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
         """Normalise `x`; with a `state`, return `(y, state)`."""
         y = super().__call__(x)
         return y if state is _NO_STATE else (y, state)
@@ -50,7 +50,7 @@ class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta):
 
     _treemod_layer = _RMSNorm
 
-    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
+    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
         """Normalise `x`; with a `state`, return `(y, state)`."""
         y = super().__call__(x)
         return y if state is _NO_STATE else (y, state)
@@ -68,7 +68,7 @@ class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta):
 
     _treemod_layer = _GroupNorm
 
-    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:  # type: ignore[override]
+    def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
         """Normalise `x`; with a `state`, return `(y, state)`."""
         y = super().__call__(x)
         return y if state is _NO_STATE else (y, state)

@@ -45,9 +45,7 @@ class Sequential(_TreemodSequential, StatefulLayer):
         """Whether any layer is stateful (then the call takes and returns a `State`)."""
         return any(isinstance(x, StatefulLayer) and x.is_stateful() for x in self.layers)
 
-    def __call__(  # type: ignore[override]
-        self, x: Any, state: State = _NO_STATE, *, key: Any = None
-    ) -> Any:
+    def __call__(self, x: Any, state: State = _NO_STATE, *, key: Any = None) -> Any:
         """Apply each layer in turn.
 
         Arguments:
@@ -98,4 +96,4 @@ class Lambda(_TreemodLambda):
         Array([0., 2.], dtype=float32)
     """
 
-    fn: Callable[..., Any]  # type: ignore[misc]
+    fn: Callable[..., Any]
