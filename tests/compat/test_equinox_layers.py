@@ -320,3 +320,48 @@ def test_isinstance_across_namespaces() -> None:
         pass
 
     assert not isinstance(tm.nn.Linear(2, 3, key=K), Custom)
+
+
+def test_user_linear_and_attention_projection_are_one_node_type() -> None:
+    # In Equinox a Linear the user builds and the projections inside MultiheadAttention have
+    # one pytree type, so they compare equal, swap with tree_at and share with nn.Shared.
+    for nn, tree_equal in ((eqx.nn, eqx.tree_equal), (teqx.nn, teqx.tree_equal)):
+        mine = nn.Linear(12, 12, use_bias=False, key=K)
+        attention = nn.MultiheadAttention(3, 12, key=X)
+        assert jtu.tree_structure(mine) == jtu.tree_structure(attention.key_proj), nn
+        shapes = (teqx.filter_eval_shape(lambda m: m, x) for x in (mine, attention.key_proj))
+        assert tree_equal(*shapes) is True, nn
+        assert isinstance(mine, nn.Linear) and isinstance(attention.key_proj, nn.Linear)
+
+
+def test_shared_node_inside_attention_matches_equinox() -> None:
+    # A user's Linear tied to an attention layer's key projection: the outputs and the
+    # gradient reaching the one stored copy are Equinox's.
+    def build(nn: Any) -> Any:
+        proj = nn.Linear(12, 12, use_bias=False, key=K)
+        attention = nn.MultiheadAttention(3, 12, key=X)
+        get, where = (
+            (lambda p: (p[0], p[0].weight + 1)),
+            (lambda p: (p[1].key_proj, p[1].query_proj.weight)),
+        )
+        return nn.Shared((proj, attention), where, get)
+
+    x = _normal((5, 12))
+
+    def loss(shared: Any) -> Any:
+        proj, attention = shared()
+        return jnp.sum(jax.vmap(proj)(attention(x, x, x)) ** 2)
+
+    g1 = teqx.filter_jit(teqx.filter_grad(loss))(build(teqx.nn))
+    g2 = eqx.filter_jit(eqx.filter_grad(loss))(build(eqx.nn))
+    ours, theirs = _arrays(g1), _arrays(g2)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_shared_mismatch_uses_equinox_words() -> None:
+    a, b = jnp.zeros((3, 4)), jnp.zeros((4, 3))
+    for nn in (eqx.nn, teqx.nn):
+        with pytest.raises(ValueError, match="Every node being shared together"):
+            nn.Shared((a, b), lambda p: p[0], lambda p: p[1])

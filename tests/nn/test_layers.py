@@ -554,5 +554,6 @@ def test_shared_ties_weights_and_sums_their_gradients():
 def test_shared_mismatch_error_shows_both_sides():
     k1, k2 = jax.random.split(jax.random.key(5))
     embed, head = nn.Embedding(6, 3, key=k1), nn.Linear(3, 5, key=k2)
-    with pytest.raises(ValueError, match=r"Shared: what `get` returns must match(.|\n)*f32\[6,3\]"):
+    match = r"Shared: Every node being shared together(.|\n)*f32\[6,3\]"
+    with pytest.raises(ValueError, match=match):
         nn.Shared((embed, head), lambda p: p[1].weight, lambda p: p[0].weight)

@@ -54,8 +54,9 @@ class Shared(Module):
         dest = filter_eval_shape(where, pytree)
         if tree_equal(source, dest) is not True:
             raise ValueError(
-                "Shared: what `get` returns must match what `where` selects in tree structure, "
-                f"shapes and dtypes; got\n  get:   {_describe(source)}\n  where: {_describe(dest)}"
+                "Shared: Every node being shared together must have the same tree structure, "
+                "shapes and dtypes: what `get` returns must match what `where` selects; got\n"
+                f"  get:   {_describe(source)}\n  where: {_describe(dest)}"
             )
         self.pytree = tree_at(where, pytree, replace_fn=lambda _: None)
         self.where = where

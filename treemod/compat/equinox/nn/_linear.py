@@ -23,15 +23,21 @@ class Linear(_Linear, metaclass=CompatLayerMeta):
 
     treemod's own `Linear` refuses a size of 0 as a likely mistake; Equinox accepts it, so the
     compat layer does too, initialising as Equinox does (bound 1 when `in_features` is 0).
+    The layer built is a `treemod.nn.Linear`, the same type as the projections that
+    `MultiheadAttention` and `MLP` hold, so the two can be compared, swapped and shared.
 
     Example:
         >>> import jax, jax.numpy as jnp
         >>> import treemod.compat.equinox as eqx
         >>> eqx.nn.Linear(0, 4, key=jax.random.key(0))(jnp.zeros(0)).shape
         (4,)
+        >>> import treemod
+        >>> type(eqx.nn.Linear(2, 4, key=jax.random.key(0))) is treemod.nn.Linear
+        True
     """
 
     _treemod_layer = _Linear
+    _builds_treemod_layer = True  # only `__init__` differs: instances are `treemod.nn.Linear`s
 
     def __init__(
         self,
