@@ -43,3 +43,25 @@ def test_the_message_matches_jax_vmap_apart_from_the_names() -> None:
     expected = str(theirs.value).replace("argument x ", "argument args[0] (parameter 'x') ")
     expected = expected.replace("argument y ", "argument args[1] (parameter 'y') ")
     assert str(ours.value) == f"filter_vmap(<lambda>): {expected}"
+
+
+@pytest.mark.parametrize(
+    ("in_axes", "kwargs", "where"),
+    [
+        ((0, {"w": 1}), {}, r"args\[1\]\['w'\] \(parameter 'b'\), of shape \(3,\), has no axis 1"),
+        (
+            {"c": -2, "b": None},
+            {"c": jnp.ones(3)},
+            r"kwargs\['c'\], of shape .* has no axis -2",
+        ),
+    ],
+)
+def test_an_axis_an_argument_lacks_is_named(in_axes: object, kwargs: dict, where: str) -> None:
+    # JAX's own error says which axis and shape, but not which argument
+    with pytest.raises(ValueError, match="requested to map its argument along axis"):
+        jax.vmap(lambda x: x, in_axes=1)(jnp.ones(3))
+    f = tm.filter_vmap(add, in_axes=in_axes)
+    with pytest.raises(ValueError, match=r"filter_vmap\(add\): in_axes maps an axis an argument "):
+        f(jnp.ones(3), {"w": jnp.ones(3)}, **kwargs)
+    with pytest.raises(ValueError, match=where):
+        f(jnp.ones(3), {"w": jnp.ones(3)}, **kwargs)

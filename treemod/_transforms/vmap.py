@@ -127,10 +127,17 @@ def _named_axes(
 
 
 def _name_arguments(
-    error: ValueError, fun: Callable[..., Any], name: str, tree: Any, mask: tuple[bool, ...]
+    error: ValueError,
+    fun: Callable[..., Any],
+    name: str,
+    tree: Any,
+    mask: tuple[bool, ...],
+    mapped: list[tuple[Any, int]],
 ) -> ValueError:
     """JAX's error with `dyn[i]` (treemod's list of mapped arrays) replaced by each array's
-    argument path (`args[1]`, `kwargs['x']`, with the parameter's name). Error path only."""
+    argument path (`args[1]`, `kwargs['x']`, with the parameter's name); for an axis an array
+    does not have, the arrays at fault named first. `mapped`: `(array, axis)` of each mapped
+    array. Error path only."""
     try:
         params = [
             p.name
@@ -140,8 +147,8 @@ def _name_arguments(
     except (TypeError, ValueError):
         params = []
     paths = []
-    for (path, _), mapped in zip(jtu.tree_flatten_with_path(tree)[0], mask, strict=True):
-        if mapped:
+    for (path, _), is_mapped in zip(jtu.tree_flatten_with_path(tree)[0], mask, strict=True):
+        if is_mapped:
             text = render_path((jtu.SequenceKey(path[0].idx + 1), *path[1:]))
             if path[0].idx == 0 and len(path) > 1 and path[1].idx < len(params):
                 text += f" (parameter {params[path[1].idx]!r})"
@@ -152,6 +159,13 @@ def _name_arguments(
         return paths[i] if i < len(paths) else match.group(0)
 
     message = re.sub(r"dyn\[(\d+)\]", rename, str(error))
+    no_axis = [
+        f"{path}, of shape {jnp.shape(x)}, has no axis {axis}"
+        for path, (x, axis) in zip(paths, mapped, strict=True)
+        if not -jnp.ndim(x) <= axis < jnp.ndim(x)
+    ]
+    if no_axis:
+        message = f"in_axes maps an axis an argument lacks: {'; '.join(no_axis)} ({message})"
     return ValueError(f"filter_vmap({name}): {message}")
 
 
@@ -239,9 +253,10 @@ class _VmapWrapper(TransformedFunction[P, R]):
         try:
             mapped, bcast = vmapped(dynamic)
         except ValueError as e:
-            if "dyn[" not in str(e):
+            if "dyn[" not in str(e) and "requested to map its argument along axis" not in str(e):
                 raise
-            raise _name_arguments(e, self._fun, name, (args, kwargs), mask) from None
+            mapped_axes = list(zip(dynamic, dyn_axes, strict=True))
+            raise _name_arguments(e, self._fun, name, (args, kwargs), mask, mapped_axes) from None
         it_m, it_b, it_s = iter(mapped), iter(bcast), iter(plan["static"])
         out_leaves = []
         for kind, axis in zip(plan["kinds"], plan["axes"], strict=True):
