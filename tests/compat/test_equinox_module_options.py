@@ -230,3 +230,27 @@ def test_bound_methods_print_as_in_equinox() -> None:
     ours, theirs = printed(teqx), printed(eqx)
     assert ours[:2] == theirs[:2]
     assert ours[2].startswith("BoundMethod(__func__=<function ") and "apply>, __self__=" in ours[2]
+
+
+def test_transform_wrappers_are_modules_as_in_equinox() -> None:
+    def kinds(lib: Any) -> list[bool]:
+        def f(x: Any) -> Any:
+            return x
+
+        wrappers = [
+            lib.filter_jit(f),
+            lib.filter_grad(f),
+            lib.filter_value_and_grad(f),
+            lib.filter_vmap(f),
+            lib.filter_checkpoint(f),
+            lib.filter_jacfwd(f),
+            lib.filter_jacrev(f),
+            lib.filter_hessian(f),
+            lib.filter_custom_jvp(f),
+            lib.filter_custom_vjp(f),
+            lib.Partial(f),
+            f,
+        ]
+        return [isinstance(w, lib.Module) for w in wrappers]
+
+    assert kinds(teqx) == kinds(eqx)

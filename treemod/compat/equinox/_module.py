@@ -16,6 +16,8 @@ import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod, bind_inherited_methods, bind_methods
 from treemod._module.module import Module as _Module
+from treemod._transforms.custom_jvp import filter_custom_jvp
+from treemod._transforms.wrapper import TransformedFunction
 
 from ._tree import tree_equal
 
@@ -73,9 +75,13 @@ class _CompatMeta(_Meta):
         return frozenset(cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__)
 
     def __instancecheck__(cls, instance: Any) -> bool:
-        if cls is Module:  # every treemod module, and bound methods (modules in Equinox)
-            kind = type(instance)
-            return _Module in kind.__mro__ or kind is BoundMethod
+        if cls is Module:  # every treemod module, and what Equinox makes modules: bound
+            kind = type(instance)  # methods and the filtered transforms' wrappers
+            return (
+                _Module in kind.__mro__
+                or kind is BoundMethod
+                or (issubclass(kind, TransformedFunction) and kind is not filter_custom_jvp)
+            )
         return super().__instancecheck__(instance)
 
     def __subclasscheck__(cls, subclass: Any) -> bool:
@@ -89,7 +95,8 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
 
     As in Equinox, a field may provide a base's `AbstractClassVar`, and stringified abstract
     annotations raise `NotImplementedError`; `model.method` (a mixin's methods too) is a pytree
-    of `model` and an `eqx.Module`. The class options `is_abstract=True` (the class cannot be
+    of `model` and an `eqx.Module`, and so is a filtered transform's wrapper
+    (`eqx.filter_jit(f)`). The class options `is_abstract=True` (the class cannot be
     instantiated, its subclasses can) and `strict=` (ignored, as by Equinox since 0.11) are
     accepted.
 
