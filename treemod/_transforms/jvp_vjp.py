@@ -11,9 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+
+# jax.extend.core's find_top_trace, imported from where it lives: `jax.extend` imports every one
+# of its submodules (Pallas among them), a quarter of `import treemod`'s time.
+from jax._src.core import find_top_trace
 
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
@@ -136,7 +139,7 @@ def filter_jvp(
         out_split.append(split)
         # An output carries a tangent only if it is a tracer of this jvp (it depends on a
         # differentiated input); the others, even tracers of an enclosing jvp, get None.
-        trace = jax.extend.core.find_top_trace(diff) if diff else None
+        trace = find_top_trace(diff) if diff else None
         perturbed.append(
             [trace is not None and is_inexact_array(a) and _trace_of(a) is trace for a in arrays]
         )
