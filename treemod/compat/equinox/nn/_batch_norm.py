@@ -64,10 +64,10 @@ class BatchNorm(StatefulLayer):
 
     weight: jax.Array | None
     bias: jax.Array | None
-    ema_first_time_index: StateIndex | None
-    ema_state_index: StateIndex | None
-    batch_counter: StateIndex | None
-    batch_state_index: StateIndex | None
+    ema_first_time_index: StateIndex[jax.Array] | None
+    ema_state_index: StateIndex[tuple[jax.Array, jax.Array]] | None
+    batch_counter: StateIndex[jax.Array] | None
+    batch_state_index: StateIndex[tuple[jax.Array, jax.Array]] | None
     axis_name: Hashable | Sequence[Hashable]
     inference: bool
     input_size: int = field(static=True)

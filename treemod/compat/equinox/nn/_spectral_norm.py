@@ -53,7 +53,7 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
 
     layer: _Layer
     weight_name: str = field(static=True)
-    uv_index: StateIndex
+    uv_index: StateIndex[tuple[jax.Array, jax.Array]]
     num_power_iterations: int = field(static=True)
     eps: float = field(static=True)
     inference: bool
