@@ -167,7 +167,8 @@ class State:
         Returns:
             Its value.
         """
-        return self._lookup(item)
+        value: _Value = self._lookup(item)  # what `set` or `make_with_state` stored for it
+        return value
 
     def set(self, item: StateIndex[_Value], value: _Value) -> State:
         """A new `State` with `item`'s value replaced; this one is retired.
@@ -270,7 +271,8 @@ def delete_init_state(model: _T) -> _T:
     Returns:
         The model without initial states.
     """
-    return jtu.tree_map(_strip, model, is_leaf=_is_index)
+    stripped: _T = jtu.tree_map(_strip, model, is_leaf=_is_index)  # indexes keep their types
+    return stripped
 
 
 def make_with_state(make_model: Callable[_P, _T]) -> Callable[_P, tuple[_T, State]]:
