@@ -39,6 +39,7 @@ def _outcome(fn: Callable[[], Any]) -> Any:
         lambda lib: {"strict": lib.StrictConfig(force_abstact=True)},
         lambda lib: {"strict": lib.StrictConfig(force_abstact=False)},
         lambda lib: {"strict": lib.StrictConfig(allow_abstract_name=True)},
+        lambda lib: {"is_abstract": True, "strict": True},
     ],
 )
 def test_class_options_as_in_equinox(options: Callable[[Any], dict[str, Any]]) -> None:

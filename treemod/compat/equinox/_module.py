@@ -41,7 +41,8 @@ class _CompatMeta(_Meta):
                 )
         # Equinox's class options: `strict=` (ignored since Equinox 0.11; `None`, what
         # `StrictConfig(force_abstact=True)` gives, means `is_abstract=True`) and `is_abstract=`.
-        is_abstract = bool(kwargs.pop("is_abstract", False)) or kwargs.pop("strict", False) is None
+        strict = kwargs.pop("strict", False)
+        is_abstract = bool(kwargs.pop("is_abstract", False)) or strict is None
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         cls.__eqx_is_abstract__ = is_abstract
