@@ -40,7 +40,8 @@ class PReLU(_PReLU):
         return {"negative_slope": self.negative_slope}
 
     def __from_equinox_leaves__(self, fields: dict[str, Any]) -> PReLU:
-        return tree_at(lambda m: m.negative_slope, self, fields["negative_slope"])
+        rebuilt: PReLU = tree_at(lambda m: m.negative_slope, self, fields["negative_slope"])
+        return rebuilt
 
     def __call__(self, x: Array, *, key: Any = None) -> Array:
         """Apply to `x`; integer inputs are promoted to the slope's dtype, as Equinox's are."""
