@@ -16,6 +16,7 @@ import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod, bind_inherited_methods, bind_methods
 from treemod._module.module import Module as _Module
+from treemod._module.module import _ModuleMeta
 from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.wrapper import TransformedFunction
 
@@ -23,12 +24,18 @@ from ._tree import tree_equal
 
 __all__ = ["Module", "StrictConfig", "module_update_wrapper"]
 
-_Meta: Any = type(_Module)
 _REFUSED_STRINGS = ("AbstractVar[", "AbstractClassVar[")
 
 
-class _CompatMeta(_Meta):
-    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any):
+class _CompatMeta(_ModuleMeta):
+    # Attributes of the classes it makes: treemod's metaclass sets the first two.
+    __tm_abstract_vars__: frozenset[str]
+    __tm_abstract_class_vars__: frozenset[str]
+    __eqx_is_abstract__: bool
+
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> _CompatMeta:
         for key, annotation in namespace.get("__annotations__", {}).items():
             if isinstance(annotation, str) and annotation.startswith(_REFUSED_STRINGS):
                 # Equinox refuses these; treemod.Module accepts them (and so does this class
@@ -44,7 +51,7 @@ class _CompatMeta(_Meta):
         strict = kwargs.pop("strict", False)
         is_abstract = bool(kwargs.pop("is_abstract", False)) or strict is None
         bind_methods(namespace)  # `model.method` is a pytree of `model`, as in Equinox
-        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        cls: _CompatMeta = super().__new__(mcs, name, bases, namespace, **kwargs)
         cls.__eqx_is_abstract__ = is_abstract
         bind_inherited_methods(cls)  # a mixin's methods too, as Equinox's `__getattribute__`
         # As in Equinox, an annotation without a value (`x: ClassVar[bool]`) provides a base's
