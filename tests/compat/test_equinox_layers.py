@@ -322,7 +322,7 @@ def test_isinstance_across_namespaces() -> None:
     assert not isinstance(tm.nn.Linear(2, 3, key=K), Custom)
 
 
-def test_user_linear_and_attention_projection_are_one_node_type() -> None:
+def test_user_layers_and_those_inside_attention_are_one_node_type() -> None:
     # In Equinox a Linear the user builds and the projections inside MultiheadAttention have
     # one pytree type, so they compare equal, swap with tree_at and share with nn.Shared.
     for nn, tree_equal in ((eqx.nn, eqx.tree_equal), (teqx.nn, teqx.tree_equal)):
@@ -332,6 +332,9 @@ def test_user_linear_and_attention_projection_are_one_node_type() -> None:
         shapes = (teqx.filter_eval_shape(lambda m: m, x) for x in (mine, attention.key_proj))
         assert tree_equal(*shapes) is True, nn
         assert isinstance(mine, nn.Linear) and isinstance(attention.key_proj, nn.Linear)
+        dropout = nn.Dropout(0.0)
+        assert jtu.tree_structure(dropout) == jtu.tree_structure(attention.dropout), nn
+        assert dropout.deterministic is False and isinstance(attention.dropout, nn.Dropout)
 
 
 def test_shared_node_inside_attention_matches_equinox() -> None:

@@ -42,6 +42,11 @@ class Dropout(Module):
         if isinstance(self.p, int | float) and not 0.0 <= self.p <= 1.0:
             raise ValueError(f"Dropout: `p` must be in [0, 1]; got {self.p}.")
 
+    @property
+    def deterministic(self) -> bool:
+        """Equinox's deprecated name for `inference`."""
+        return self.inference
+
     def __call__(
         self,
         x: Num[Array, "*shape"],

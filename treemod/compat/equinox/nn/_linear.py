@@ -67,6 +67,8 @@ class Linear(_Linear, metaclass=CompatLayerMeta):
 class Dropout(_Dropout, metaclass=CompatLayerMeta):
     """`treemod.nn.Dropout`, also accepting Equinox's deprecated `deterministic=` argument.
 
+    The layer built is a `treemod.nn.Dropout`, the same type as `MultiheadAttention.dropout`.
+
     Example:
         >>> import jax.numpy as jnp
         >>> import treemod.compat.equinox as eqx
@@ -75,6 +77,7 @@ class Dropout(_Dropout, metaclass=CompatLayerMeta):
     """
 
     _treemod_layer = _Dropout
+    _builds_treemod_layer = True  # only `__init__` differs: instances are `treemod.nn.Dropout`s
 
     def __init__(
         self, p: float = 0.5, inference: bool = False, *, deterministic: bool | None = None
@@ -88,8 +91,3 @@ class Dropout(_Dropout, metaclass=CompatLayerMeta):
             inference = deterministic
         self.p = p
         self.inference = inference
-
-    @property
-    def deterministic(self) -> bool:
-        """Equinox's deprecated name for `inference`."""
-        return self.inference
