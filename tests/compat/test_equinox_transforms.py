@@ -227,3 +227,48 @@ def test_filter_pmap_lower_and_compile_as_in_equinox(donate: str) -> None:
         return lowered.compile()(jnp.array([3.0]), 4, "t")
 
     _same(run(teqx), run(eqx))
+
+
+_TRACES: list[int] = []
+
+
+def _counted(x: Any) -> Any:  # module level: no closure cells that could change
+    _TRACES.append(1)
+    return jnp.sum(x**2)
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda e: e.filter_grad(_counted),
+        lambda e: e.filter_value_and_grad(_counted),
+        lambda e: e.filter_vmap(_counted),
+        lambda e: e.filter_vmap(e.filter_grad(_counted), in_axes=e.if_array(0)),
+    ],
+)
+def test_filter_jit_of_a_new_transform_wrapper_reuses_its_versions(wrap: Any) -> None:
+    def traces(e: Any) -> int:
+        _TRACES.clear()
+        for x in (jnp.ones((2, 3)), jnp.zeros((2, 3))):
+            e.filter_jit(wrap(e))(x)  # written inline: a new wrapper of the same function
+        return len(_TRACES)
+
+    assert traces(teqx) == traces(eqx) == 1
+
+
+def test_shared_versions_of_a_wrapped_function_are_freed_with_it() -> None:
+    import gc
+    import weakref
+
+    def make() -> Any:
+        def f(x: Any) -> Any:
+            return jnp.sum(x)
+
+        return f
+
+    f = make()
+    alive = weakref.ref(f)
+    teqx.filter_jit(teqx.filter_grad(f))(jnp.ones(2))
+    del f
+    gc.collect()
+    assert alive() is None

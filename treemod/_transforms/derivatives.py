@@ -38,6 +38,8 @@ class _GradWrapper(TransformedFunction[P, Any]):
     is the public function that made it (for messages only); `with_value` returns the value
     beside the gradient (`filter_value_and_grad`)."""
 
+    _tm_share_fields = ("_fun", ("_has_aux", "_name", "_jacobian", "_with_value"))
+
     def __init__(
         self,
         fun: Callable[P, Any],

@@ -25,8 +25,7 @@ from treemod._transforms.error_if import runtime_check_error
 from treemod._transforms.jit_cache import (
     FLOAT_POSITIONS,
     _Traces,
-    closure_of,
-    shareable,
+    share_target,
     static_key,
     traces_for,
 )
@@ -84,18 +83,21 @@ class _JitWrapper(TransformedFunction[P, R]):
         self._explain_flag = explain_retraces
         self._name = function_name(fn)
         closure: tuple[Any, ...] = ()
+        variant: tuple[Any, ...] = ()
+        self._remake: Any = None  # rebuilds `fn` from `target` when fn wraps it (share_target)
         if self._call_fn is not None:
             target: Any = self._call_fn
         elif self._fn_tree is not None:
             target = type(self._fn_tree)
-        elif shareable(fn):
-            target, closure = fn, closure_of(fn)
+        elif (shared := share_target(fn)) is not None:
+            target, closure, variant, self._remake = shared
         else:
             target = None
         # The traced function holds the shared function weakly (the shared cache is keyed
         # weakly on it): a strong reference would keep it, and its versions, alive forever.
         self._weak = target is not None and not isinstance(target, type)
-        self._traces = traces_for(target, donate, explain_retraces, closure)
+        self._target = target if self._remake is not None else None
+        self._traces = traces_for(target, donate, explain_retraces, closure, variant)
         self._cache = self._traces.cache
         self._wraps(fn)
 
@@ -240,7 +242,16 @@ class _JitWrapper(TransformedFunction[P, R]):
         count = self._traces.count_for(treedef.children()[0])
         plain_fn = self._fn if call is None and self._fn_tree is None else None
         code = call if call is not None else plain_fn
+        remake = self._remake
+        if remake is not None:  # `fn` wraps the shared target: rebuild it from the target
+            code = self._target
         get_code = _reference(code, self._weak)
+        if remake is not None:
+            get_target = get_code
+
+            def get_code() -> Any:
+                return remake(get_target())
+
         calls_tree, calls_method = call is None and plain_fn is None, call is not None
         del call, plain_fn, code  # `inner` must not hold them (see `_reference`)
 

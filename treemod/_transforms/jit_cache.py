@@ -8,7 +8,9 @@ instead of compiling again on every call.
 
 Wrappers of the same function share their versions (`filter_jit(f)(x)` written inline compiles
 once), keyed weakly on the function object (or, for a Module method, its function; for a
-Module, its class) and the wrapper's options. A function whose closure cells now hold other
+Module, its class) and the wrapper's options. A transform wrapper of a function
+(`filter_grad(f)`, `filter_vmap(f)`, declared by `_tm_share_fields`) shares through that
+function, its options part of the key (`share_target`). A function whose closure cells now hold other
 objects than when it was first wrapped gets fresh versions. Each function keeps at most
 `MAX_VERSIONS` versions, dropping the oldest, and warns once at `WARN_VERSIONS`.
 
@@ -21,6 +23,7 @@ traces once. Threads tracing functions that call each other therefore cannot dea
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -177,16 +180,21 @@ _SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Traces]] = (
 
 
 def traces_for(
-    target: Any, donate: str, explain_retraces: bool | None, closure: tuple[Any, ...] = ()
+    target: Any,
+    donate: str,
+    explain_retraces: bool | None,
+    closure: tuple[Any, ...] = (),
+    variant: tuple[Any, ...] = (),
 ) -> _Traces:
-    """The shared versions of `target` under these options (new ones if its closure changed)."""
+    """The shared versions of `target` under these options (new ones if its closure changed);
+    `variant`: the options of transform wrappers around it (see `share_target`)."""
     if target is None:
         return _Traces()
     try:
         per_target = _SHARED.setdefault(target, {})
     except TypeError:  # not weakly referenceable: this wrapper keeps its own versions
         return _Traces()
-    options = (donate, explain_retraces)
+    options = (donate, explain_retraces, variant)
     traces = per_target.get(options)
     if traces is None or not _same_objects(traces.closure, closure):
         traces = per_target[options] = _Traces(closure=closure)
@@ -195,6 +203,43 @@ def traces_for(
 
 def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def share_target(fn: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], Any] | None:
+    """How `filter_jit` wrappers of the plain callable `fn` share versions, or `None`.
+
+    Returns `(target, closure, variant, remake)`: the function to key on weakly (the one
+    inside any transform wrappers such as `filter_grad(f)`, found by their `share_spec`), its
+    closure, the wrappers' options (part of the key), and `remake(target)` rebuilding `fn` from
+    the target (`None` when `fn` is the target), for the trace to call without holding `fn`.
+    """
+    variant: tuple[Any, ...] = ()
+    rewraps: list[Callable[[Any], Any]] = []
+    while not shareable(fn):
+        found = fn.share_spec() if _is_transform(fn) else None
+        if found is None:
+            return None
+        fn, options, rewrap = found
+        try:
+            hash(options)
+        except TypeError:  # an unhashable option (a dict in_axes): this wrapper shares nothing
+            return None
+        variant += (options,)
+        rewraps.append(rewrap)
+    remake = None
+    if rewraps:
+        remake = functools.partial(_remake, tuple(reversed(rewraps)))
+    return fn, closure_of(fn), variant, remake
+
+
+def _is_transform(fn: Any) -> bool:
+    return getattr(type(fn), "_tm_share_fields", None) is not None
+
+
+def _remake(rewraps: tuple[Callable[[Any], Any], ...], target: Any) -> Any:
+    for rewrap in rewraps:
+        target = rewrap(target)
+    return target
 
 
 def shareable(fn: Any) -> bool:

@@ -42,6 +42,12 @@ class if_array:  # noqa: N801 (Equinox's name)
     def __repr__(self) -> str:
         return f"if_array({self.axis})"
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is if_array and other.axis == self.axis
+
+    def __hash__(self) -> int:
+        return hash((if_array, self.axis))
+
 
 def _is_spec(x: Any) -> bool:
     return x is None or isinstance(x, int) or (callable(x) and not isinstance(x, list | tuple))
@@ -179,6 +185,8 @@ def _out_kind(x: Any, axis: int | None) -> str:
 
 
 class _VmapWrapper(TransformedFunction[P, R]):
+    _tm_share_fields = ("_fun", ("_in_axes", "_out_axes", "_axis_name", "_axis_size"))
+
     def __init__(
         self,
         fun: Callable[P, R],

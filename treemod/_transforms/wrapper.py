@@ -8,7 +8,7 @@ import pickle
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import jax.tree_util as jtu
 
@@ -30,8 +30,26 @@ class TransformedFunction(Generic[P, R]):
     checker sees `filter_jit(f)(x)` as a call of `f`.
     """
 
+    # For `filter_jit`: a subclass names the attribute holding the wrapped callable and those
+    # holding its options; then `filter_jit` wrappers of equal wrappers of one function (say
+    # `filter_jit(filter_grad(f))` written twice) share compiled versions (`share_spec`).
+    _tm_share_fields: ClassVar[tuple[str, tuple[str, ...]] | None] = None
+
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         raise NotImplementedError
+
+    def share_spec(self) -> tuple[Any, tuple[Any, ...], Callable[[Any], Any]] | None:
+        """`(wrapped, options, rewrap)`: what this wrapper wraps, its options (with its class),
+        and how to make the same wrapper around another callable; `None` if not shareable.
+        `rewrap` holds no reference to `wrapped` (filter_jit keeps it with its versions)."""
+        fields = type(self)._tm_share_fields
+        if fields is None:
+            return None
+        inner_attr, option_attrs = fields
+        inner = getattr(self, inner_attr)
+        options = (type(self), *(getattr(self, a) for a in option_attrs))
+        state = {k: v for k, v in vars(self).items() if v is not inner}
+        return inner, options, functools.partial(_rewrap, type(self), state, inner_attr)
 
     def _wraps(self, fun: Any) -> None:
         if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
@@ -82,6 +100,14 @@ class TransformedFunction(Generic[P, R]):
                 f"(`{qualname} = filter_jit({qualname})`)"
             )
         return qualname  # pickle's global lookup: `module.qualname`, checked to be `self`
+
+
+def _rewrap(cls: type, state: dict[str, Any], inner_attr: str, inner: Any) -> Any:
+    new: Any = object.__new__(cls)
+    vars(new).update(state)
+    setattr(new, inner_attr, inner)
+    new.__wrapped__ = inner
+    return new
 
 
 def _unpicklable(reason: str) -> pickle.PicklingError:
