@@ -10,8 +10,8 @@ Wrappers of the same function share their versions (`filter_jit(f)(x)` written i
 once), keyed weakly on the function object (or, for a Module method, its function; for a
 Module, its class) and the wrapper's options. A transform wrapper of a function
 (`filter_grad(f)`, `filter_vmap(f)`, declared by `_tm_share_fields`) shares through that
-function, its options part of the key (`share_target`). A function whose closure cells now hold other
-objects than when it was first wrapped gets fresh versions. Each function keeps at most
+function, its options part of the key (`share_target`). A function whose closure cells now
+hold other objects than when it was first wrapped gets fresh versions. Each function keeps at most
 `MAX_VERSIONS` versions, dropping the oldest, and warns once at `WARN_VERSIONS`.
 
 A version's key holds the whole tree structure, so modules (or owners of a method) whose
