@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from treemod._module.module import Module
+from treemod._module.module import _ModuleMeta
 
 __all__ = ["CompatLayerMeta"]
 
-_Meta: Any = type(Module)
 
-
-class CompatLayerMeta(_Meta):
+class CompatLayerMeta(_ModuleMeta):
     """Metaclass of compat layers: instances of `_treemod_layer` count as instances."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
