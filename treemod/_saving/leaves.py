@@ -150,6 +150,7 @@ def check(
                 )
             elif name not in values:
                 problems.append(f"missing: {name} ({_a(leaf)} value in like)")
+            # A "value" leaf has a simple kind (`simple_kind` is not None).
             elif type(values[name]) is not _PLAIN[simple_kind(leaf)]:  # type: ignore[index]
                 problems.append(
                     f"wrong type: {name} is {_a(values[name])} value in the file but "

@@ -255,6 +255,7 @@ class Reader:
         buf = np.empty(info.end - info.begin, np.uint8)
         try:
             self.f.seek(self.data_start + info.begin)
+            # `IO` leaves out `readinto`, which binary files (buffered or raw) have.
             got = self.f.readinto(buf.data)  # type: ignore[attr-defined]
         except OSError as e:
             raise CheckpointError(

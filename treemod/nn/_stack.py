@@ -118,6 +118,7 @@ class Stack(Module):
         first_arrays, static = parts[0]
         struct = jtu.tree_structure(layers[0])
         for i, (arrays, st) in enumerate(parts[1:], start=1):
+            # jaxlib's PyTreeDef stub declares no comparison; PyTreeDefs compare by structure.
             if jtu.tree_structure(layers[i]) != struct:  # type: ignore[operator]
                 raise ValueError(
                     f"Stack.from_layers: layer {i} does not have the tree structure of layer 0; "
@@ -201,6 +202,7 @@ class Stack(Module):
 def _check_carry(x: Any, out: Any) -> None:
     sx = jtu.tree_structure(x)
     so = jtu.tree_structure(out)
+    # jaxlib's PyTreeDef stub declares no comparison; PyTreeDefs compare by structure.
     same = sx == so and all(  # type: ignore[operator]
         jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
         for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(out), strict=True)

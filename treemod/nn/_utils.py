@@ -145,6 +145,7 @@ def with_spatial_dims(init: Any, num_spatial_dims: int) -> Any:
 
     sig = inspect.signature(init)
     self_param, _, *rest = sig.parameters.values()
+    # A function takes any attribute; `inspect.signature` reads this one.
     __init__.__signature__ = sig.replace(parameters=[self_param, *rest])  # type: ignore[attr-defined]
     __init__.__module__ = init.__module__
     return __init__

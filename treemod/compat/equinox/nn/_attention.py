@@ -97,6 +97,7 @@ class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
 
     _treemod_layer = _MultiheadAttention
 
+    # Equinox's signature: `process_heads` where treemod's layer has `causal`.
     def __call__(  # type: ignore[override]
         self,
         query: Any,

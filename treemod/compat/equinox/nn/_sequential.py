@@ -67,6 +67,7 @@ class Sequential(_TreemodSequential, StatefulLayer):
                         "the Sequential as `y, state = seq(x, state)` with the State from "
                         "`eqx.nn.make_with_state`."
                     )
+                # A StatefulLayer is a layer, so callable; the protocol class declares no call.
                 x, state = layer(x, state=state, key=k)  # type: ignore[operator]
             elif accepts_key(layer):
                 x = layer(x, key=k)
