@@ -6,6 +6,9 @@ both on the same data, and compares outputs, states and tree structures.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -215,7 +218,7 @@ def test_state_errors_name_what_is_wrong():
         jtu.tree_leaves(state)
     with pytest.raises(ValueError, match=r"BatchNorm.batch_counter.*f32\[\].*i32\[\]"):
         new.set(bn.batch_counter, jnp.array(1.0))
-    with pytest.raises(ValueError, match="StateIndex objects"):
+    with pytest.raises(ValueError, match="as state keys.*got str"):
         new.get("batch_counter")
     other, _ = teqx.nn.make_with_state(teqx.nn.SpectralNorm)(
         teqx.nn.Linear(2, 2, key=jax.random.key(0)), "weight", key=jax.random.key(1)
@@ -226,7 +229,7 @@ def test_state_errors_name_what_is_wrong():
         teqx.nn.State(bn)
     with pytest.raises(ValueError, match="not a function"):
         teqx.nn.StateIndex(lambda: jnp.zeros(2))
-    with pytest.raises(ValueError, match="not part of this State"):
+    with pytest.raises(ValueError, match="is not part of this State"):
         new.update(teqx.nn.State(teqx.nn.BatchNorm(2, "b", mode="ema")))
     assert "retired" in repr(state)
 
@@ -236,3 +239,53 @@ def test_inference_mode_and_tree_inference_switch_compat_layers():
     switched = teqx.tree_inference(model, True)
     assert switched[0].inference and switched[1].inference
     assert not teqx.nn.inference_mode(switched, False)[1].inference
+
+
+def _message(nn: Any, trigger: Callable[[Any], Any]) -> str:
+    with pytest.raises(ValueError) as info:
+        trigger(nn)
+    return str(info.value)
+
+
+def _reuse(nn: Any) -> Any:
+    bn, state = nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")
+    state.set(bn.batch_counter, jnp.array(1))
+    return state.get(bn.batch_counter)
+
+
+def _bad_key(nn: Any) -> Any:
+    return nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")[1].get("batch_counter")
+
+
+def _bad_value(nn: Any) -> Any:
+    bn, state = nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")
+    return state.set(bn.batch_counter, jnp.array(1.0))
+
+
+def _state_of_built(nn: Any) -> Any:
+    return nn.State(nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")[0])
+
+
+def _update_not_state(nn: Any) -> Any:
+    return nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")[1].update(0)
+
+
+def _update_foreign(nn: Any) -> Any:
+    state = nn.make_with_state(nn.BatchNorm)(2, "b", mode="batch")[1]
+    return state.update(nn.make_with_state(nn.BatchNorm)(2, "c", mode="ema")[1])
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [_reuse, _bad_key, _bad_value, _state_of_built, _update_not_state, _update_foreign],
+)
+def test_state_errors_open_with_equinox_words(trigger: Callable[[Any], Any]) -> None:
+    # Code written for Equinox may match its messages: ours start with Equinox's first sentence.
+    first_sentence = _message(eqx.nn, trigger).split(". ")[0].split(".\n")[0].rstrip(".")
+    assert first_sentence in _message(teqx.nn, trigger)
+
+
+def test_state_index_of_a_function_says_to_pass_the_value() -> None:
+    for nn in (eqx.nn, teqx.nn):
+        with pytest.raises(ValueError, match="accepts the value of the initial state directly"):
+            nn.StateIndex(lambda: jnp.zeros(2))

@@ -71,8 +71,9 @@ class StateIndex(Module, Generic[_Value]):
     def __init__(self, init: _Value) -> None:
         if callable(init) and not isinstance(init, jax.Array | Module):
             raise ValueError(
-                "StateIndex takes the initial value itself (an array or a pytree of arrays), "
-                f"not a function that makes it; got {init!r}. Call the function first."
+                "StateIndex accepts the value of the initial state directly (an array or a "
+                f"pytree of arrays), not a function that makes it; got {init!r}. Call the "
+                "function first."
             )
         self.marker = object()
         self.init = init
@@ -83,11 +84,11 @@ def _is_index(x: Any) -> bool:
 
 
 _REUSED = (
-    "this State was already used: `state.set(...)`/`state.update(...)` returned a new State "
-    "and retired this one, so that reusing an old state (`y, s2 = layer(x, s1)` then "
-    "`layer(x, s1)` again) fails loudly rather than silently dropping an update. Use the "
-    "State returned by the last call; to keep an old one on purpose, copy it first with "
-    "`jax.tree_util.tree_map(lambda v: v, state)`."
+    "Attempted to use old state: this State was already used: `state.set(...)` and "
+    "`state.update(...)` return a new State and retire this one, so that reusing an old "
+    "state (`y, s2 = layer(x, s1)` then `layer(x, s1)` again) fails loudly rather than "
+    "silently dropping an update. Use the State returned by the last call; to keep an old "
+    "one on purpose, copy it first with `jax.tree_util.tree_map(lambda v: v, state)`."
 )
 
 
@@ -124,9 +125,10 @@ class State:
             if _is_index(leaf):
                 if isinstance(leaf.init, _Deleted):
                     raise ValueError(
-                        "State(model): a StateIndex in this model has no initial value (it was "
-                        "removed by make_with_state or delete_init_state). Build the model and "
-                        "its state together with `eqx.nn.make_with_state(ModelClass)(...)`."
+                        "Do not call `eqx.nn.State(model)` directly on a built model: a "
+                        "StateIndex in this model has no initial value (it was removed by "
+                        "make_with_state or delete_init_state). Build the model and its "
+                        "state together with `eqx.nn.make_with_state(ModelClass)(...)`."
                     )
                 values[leaf.marker] = jtu.tree_map(jnp.asarray, leaf.init)
         self._values = values
@@ -146,8 +148,8 @@ class State:
         values = self._live()
         if type(item) is not StateIndex:
             raise ValueError(
-                f"State keys are eqx.nn.StateIndex objects (a layer's index field); got "
-                f"{type(item).__name__}."
+                "Can only use `eqx.nn.StateIndex`s as state keys (a layer's index field); "
+                f"got {type(item).__name__}."
             )
         try:
             return values[item.marker]
@@ -190,9 +192,10 @@ class State:
             for a, b in zip(jtu.tree_leaves(old_struct), jtu.tree_leaves(new_struct), strict=True)
         ):
             raise ValueError(
-                f"State.set({item.marker!r}): the new value is {_describe_tree(value)} but the "
-                f"state holds {_describe_tree(old)}; a state keeps its structure, shapes and "
-                "dtypes (cast or reshape the new value)."
+                "Old and new values have different structures/shapes/dtypes: "
+                f"State.set({item.marker!r}) got {_describe_tree(value)} but the state holds "
+                f"{_describe_tree(old)}; a state keeps its structure, shapes and dtypes (cast "
+                "or reshape the new value)."
             )
         values = dict(self._live())
         values[item.marker] = value
@@ -222,13 +225,16 @@ class State:
             The updated `State`; this one is retired.
         """
         if type(substate) is not State:
-            raise ValueError(f"State.update takes a State, got {type(substate).__name__}.")
+            raise ValueError(
+                f"Can only use `eqx.nn.State`s in `update`; got {type(substate).__name__}."
+            )
         values = dict(self._live())
         for marker, value in substate._live().items():
             if marker not in values:
                 raise ValueError(
-                    f"State.update: the entry {marker!r} is not part of this State; "
-                    "`state.update(sub)` takes a substate made by `state.substate(...)`."
+                    "Cannot call `state1.update(state2)` unless `state2` is a substate of "
+                    f"`state1`: the entry {marker!r} is not part of this State; make the "
+                    "substate with `state.substate(...)`."
                 )
             values[marker] = value
         self._values = None
