@@ -98,8 +98,19 @@ def test_attention_masks_equinox_users_build():
             mha_e(q, kv, kv, mask),
             atol=1e-5,
         )
-    with pytest.raises(ValueError, match=r"mask must be boolean.*\(5, 7\).*float32\[5, 7\]"):
-        mha_t(q, kv, kv, jnp.ones((5, 7)))
+    # Numeric masks count as Equinox's `jnp.where` reads them, non-zero = attend: the float
+    # 0/1 mask of Equinox's BERT example, ints, and a non-0/1 value.
+    numeric = [
+        masks[1].astype(jnp.float32),
+        masks[2].astype(jnp.int32),
+        jnp.where(masks[1], -2.5, 0.0),
+    ]
+    for mask in numeric:
+        np.testing.assert_allclose(mha_t(q, kv, kv, mask), mha_e(q, kv, kv, mask), atol=1e-5)
+    with pytest.raises(
+        ValueError, match=r"mask must be of shape \(q_seq, kv_seq\)=\(5, 7\).*\[7, 5\]"
+    ):
+        mha_t(q, kv, kv, jnp.ones((7, 5)))
 
 
 def test_attention_process_heads_and_dropout_keys_match_equinox():

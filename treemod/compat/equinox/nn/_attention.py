@@ -2,7 +2,8 @@
 
 Parameters and initialisation are treemod's (`treemod.nn.MultiheadAttention`, which match
 Equinox's); the call follows Equinox's conventions: `query` is `(q_seq, query_size)`, the mask is
-`(q_seq, kv_seq)` or `(num_heads, q_seq, kv_seq)` booleans, `process_heads` may transform the
+`(q_seq, kv_seq)` or `(num_heads, q_seq, kv_seq)` (booleans, or numbers with non-zero =
+attend, as Equinox reads them), `process_heads` may transform the
 projected heads (rotary embeddings, say), and attention dropout splits the key into one per head.
 """
 
@@ -117,7 +118,8 @@ class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
             key_: the keys.
             value: the values.
             mask: `True` where attention is allowed, `(q_seq, kv_seq)` or
-                `(num_heads, q_seq, kv_seq)`.
+                `(num_heads, q_seq, kv_seq)`; a numeric mask counts as Equinox reads it
+                (non-zero = attend), e.g. the float 0/1 masks of Equinox's BERT example.
             key: PRNG key for attention dropout (split into one per head).
             inference: overrides the dropout's inference flag.
             deterministic: deprecated alias of `inference`.
@@ -162,12 +164,14 @@ class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
         if mask is not None:
             mask = jnp.asarray(mask)
             expected = ((h, q.shape[0], k.shape[0]), (q.shape[0], k.shape[0]))
-            if mask.dtype != jnp.bool_ or mask.shape not in expected:
+            if mask.shape not in expected:
                 raise ValueError(
-                    f"MultiheadAttention: mask must be boolean (True = attend) of shape "
-                    f"(q_seq, kv_seq)={expected[1]} or (num_heads, q_seq, kv_seq)="
-                    f"{expected[0]}; got {mask.dtype}{list(mask.shape)}."
+                    f"MultiheadAttention: mask must be of shape (q_seq, kv_seq)={expected[1]} "
+                    f"or (num_heads, q_seq, kv_seq)={expected[0]} (True or non-zero = attend); "
+                    f"got {mask.dtype}{list(mask.shape)}."
                 )
+            if mask.dtype != jnp.bool_:  # numbers as Equinox's `jnp.where` reads them
+                mask = mask != 0
         keys = None if key is None else jax.random.split(key, h)
 
         def one_head(qh: Any, kh: Any, vh: Any, m: Any, k: Any) -> Any:
