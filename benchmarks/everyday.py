@@ -7,7 +7,8 @@ Four measurements, each against Equinox and plain JAX in the same run where they
   `jax.jit(f)(params, x)`, and the same call through one decorated wrapper (the floor).
 - `eager`: un-jitted layer calls (shape checks on, treemod's default, and off) against the
   same Equinox layer and the same arithmetic in plain `jax.numpy`.
-- `import`: `import treemod` (and `import equinox`) after `import jax`, in fresh processes.
+- `import`: `import treemod` (and `import equinox`) after `import jax`, in fresh processes
+  (wall and CPU time), with bytecode written first as an installed package has it.
 - `aot`: the first training step of a benchmark workload in a new process: cold (trace, lower,
   compile, run) against `treemod.load_compiled` of a step saved by `save_compiled` (load, run),
   with the load split into reading the file and deserialising the executable; then three more
@@ -194,19 +195,23 @@ def bench_eager(quick: bool) -> dict[str, Any]:
 
 _IMPORT_CHILD = """
 import time, sys
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import jax
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 __import__(sys.argv[1])
-t2 = time.perf_counter()
-print((t1 - t0) * 1e3, (t2 - t1) * 1e3)
+t2, c2 = time.perf_counter(), time.process_time()
+print((t1 - t0) * 1e3, (t2 - t1) * 1e3, (c1 - c0) * 1e3, (c2 - c1) * 1e3)
 """
 
 
 def bench_import(quick: bool) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {"treemod": [], "equinox": []}
-    jax_ms: list[float] = []
-    for _ in range(3 if quick else 9):
+    # Bytecode as an installed package has it: with PYTHONDONTWRITEBYTECODE set (as on the
+    # shared machine), a source file changed since its .pyc was written is compiled again in
+    # every process, which once made up most of `import treemod`'s time there.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", "import jax, treemod, equinox"], check=True, env=env)
+    runs: dict[str, list[list[float]]] = {"treemod": [], "equinox": []}
+    for _ in range(3 if quick else 15):
         for name in runs:  # alternate
             out = subprocess.run(
                 [sys.executable, "-c", _IMPORT_CHILD, name],
@@ -214,13 +219,18 @@ def bench_import(quick: bool) -> dict[str, Any]:
                 text=True,
                 check=True,
                 cwd=ROOT,
+                env=env,
             )
-            a, b = map(float, out.stdout.split())
-            jax_ms.append(a)
-            runs[name].append(b)
+            runs[name].append(list(map(float, out.stdout.split())))
+    every = [row for rows in runs.values() for row in rows]
     return {
-        "import jax (ms)": _ms(jax_ms),
-        **{f"import {k} after jax (ms)": _ms(v) for k, v in runs.items()},
+        "import jax (ms)": _ms([row[0] for row in every]),
+        "import jax, CPU time (ms)": _ms([row[2] for row in every]),
+        **{f"import {k} after jax (ms)": _ms([row[1] for row in v]) for k, v in runs.items()},
+        **{
+            f"import {k} after jax, CPU time (ms)": _ms([row[3] for row in v])
+            for k, v in runs.items()
+        },
         "target": "treemod within 50 ms of import jax (median of fresh processes)",
     }
 
