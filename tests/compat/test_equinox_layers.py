@@ -18,6 +18,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 
+import treemod as tm
 import treemod.compat.equinox as teqx
 
 eqx = pytest.importorskip("equinox")
@@ -368,3 +369,30 @@ def test_shared_mismatch_uses_equinox_words() -> None:
     for nn in (eqx.nn, teqx.nn):
         with pytest.raises(ValueError, match="Every node being shared together"):
             nn.Shared((a, b), lambda p: p[0], lambda p: p[1])
+
+
+def test_tree_at_edits_stacked_layers_as_in_equinox() -> None:
+    # Equinox code edits layers whose arrays carry a leading axis: an ensemble built by
+    # filter_vmap, MLP(scan=True)'s hidden stack. Equinox's tree_at does not check them.
+    def edit(nn: Any, tree_at: Any, filter_vmap: Any) -> Any:
+        ensemble = filter_vmap(lambda k: nn.MLP(2, 3, 8, 2, key=k))(jax.random.split(K, 4))
+        ensemble = tree_at(lambda m: m.layers[0].weight, ensemble, ensemble.layers[0].weight / 2)
+        linears = filter_vmap(lambda k: nn.Linear(2, 3, key=k))(jax.random.split(X, 4))
+        linears = tree_at(lambda m: m.bias, linears, linears.bias + 1)
+        scanned = nn.MLP(2, 3, 8, 4, scan=True, key=X)
+        scanned = tree_at(lambda m: m.layers[1].weight, scanned, scanned.layers[1].weight * 2)
+        x = _normal((2,))
+        return (
+            filter_vmap(lambda m: m(x))(ensemble),
+            filter_vmap(lambda m: m(x))(linears),
+            scanned(x),
+        )
+
+    ours = edit(teqx.nn, teqx.tree_at, teqx.filter_vmap)
+    theirs = edit(eqx.nn, eqx.tree_at, eqx.filter_vmap)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # treemod's own tree_at does not check below a compat MLP either (its stacked layer).
+    scanned = teqx.nn.MLP(2, 3, 8, 4, scan=True, key=X)
+    edited = tm.tree_at(lambda m: m.layers[1].weight, scanned, scanned.layers[1].weight * 2)
+    np.testing.assert_array_equal(edited.layers[1].weight, scanned.layers[1].weight * 2)

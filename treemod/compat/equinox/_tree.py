@@ -8,7 +8,10 @@ rely on that (`isinstance(result, jax.Array)`, `result is True` only when static
 treemod's `tree_at` tells nodes apart by position, so it can replace the first of two `None`s;
 Equinox tells them apart by identity and refuses a `where` that selects a `None` when the
 tree has several, unless `is_leaf` makes each one a leaf. Code written for Equinox may expect
-that error, so the compat `tree_at` gives it, then runs treemod's.
+that error, so the compat `tree_at` gives it, then runs treemod's. Equinox's `tree_at` does not
+check the rebuilt modules' annotations, and Equinox code edits models whose arrays carry extra
+leading axes (ensembles built with `filter_vmap`, `MLP(scan=True)`'s stacked hidden layer), so
+the compat `tree_at` runs with shape checks off.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from treemod._shapecheck.config import shape_checks
 from treemod._tree.tree_at import tree_at as _tree_at
 from treemod._tree.tree_equal import compare_trees
 
@@ -59,6 +63,9 @@ def tree_at(
 ) -> Any:
     """`treemod.tree_at`, refusing as Equinox does to select one of several `None`s.
 
+    As Equinox's, it does not shape-check the modules it rebuilds (an ensemble's `Linear` holds
+    weights of shape `(n, out, in)`).
+
     Arguments:
         where: a function from the tree to one of its nodes, or to a tuple/list of nodes.
         pytree: the tree to copy.
@@ -81,9 +88,10 @@ def tree_at(
     """
     _refuse_repeated_nodes(where, pytree, is_leaf)
     given = {"replace": replace, "replace_fn": replace_fn}
-    return _tree_at(
-        where, pytree, is_leaf=is_leaf, **{k: v for k, v in given.items() if v is not _UNSET}
-    )
+    with shape_checks(False):
+        return _tree_at(
+            where, pytree, is_leaf=is_leaf, **{k: v for k, v in given.items() if v is not _UNSET}
+        )
 
 
 def _none_places(pytree: Any, is_leaf: Callable[[Any], bool] | None) -> list[str]:

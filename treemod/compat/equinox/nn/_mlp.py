@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,10 @@ class MLP(_MLP):
         >>> mlp(jnp.ones(2)).shape
         (3,)
     """
+
+    # With scan=True the hidden Linear's arrays carry a leading layer axis: `tree_at` does not
+    # check modules rebuilt below an MLP against their one-layer annotations.
+    __tm_check_descendants__: ClassVar[bool] = False
 
     # Pytree nodes, as in Equinox: one copy of the activation per neuron (see the docstring).
     activation: Callable[..., Any]
