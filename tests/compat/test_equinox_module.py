@@ -463,3 +463,27 @@ def test_bound_method_is_a_module_and_a_pytree() -> None:
         return isinstance(method, lib.Module), leaves, jtu.tree_unflatten(treedef, [20])(2)
 
     assert _both(run) == ((True, [13], 22), (True, [13], 22))
+
+
+def test_repr_is_equinox_tree_pformat():
+    # `print(model)` of a model as Equinox's MNIST example builds it: a list of layers and
+    # jax.nn functions (relu is a custom_jvp, which Equinox prints as the function it wraps),
+    # lines broken at 80 columns.
+    def build(ns):
+        class CNN(ns.Module):
+            layers: list
+            scale: float = 0.5
+
+        keys = jax.random.split(jax.random.key(0), 2)
+        return CNN(
+            [
+                ns.nn.Linear(512, 64, key=keys[0]),
+                jax.nn.relu,
+                jnp.ravel,
+                ns.nn.Linear(64, 10, use_bias=False, key=keys[1]),
+                jax.nn.log_softmax,
+            ]
+        )
+
+    assert repr(build(teqx)) == repr(build(eqx))
+    assert "<PjitFunction of <function relu" in repr(build(teqx))

@@ -20,6 +20,7 @@ from treemod._module.module import _ModuleMeta
 from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.wrapper import TransformedFunction
 
+from ._pretty import tree_pformat
 from ._tree import tree_equal
 
 __all__ = ["Module", "StrictConfig", "module_update_wrapper"]
@@ -106,7 +107,7 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
     of `model` and an `eqx.Module`, and so is a filtered transform's wrapper
     (`eqx.filter_jit(f)`). The class options `is_abstract=True` (the class cannot be
     instantiated, its subclasses can) and `strict=` (ignored, as by Equinox since 0.11) are
-    accepted.
+    accepted. `repr(model)` is Equinox's `tree_pformat(model)`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -130,6 +131,9 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
         return tree_equal(self, other)
 
     __hash__ = _Module.__hash__
+
+    def __repr__(self) -> str:  # Equinox's `tree_pformat`: 80 columns, custom_jvp unwrapped
+        return tree_pformat(self)
 
 
 def StrictConfig(force_abstact: bool = False, **kwargs: Any) -> bool | None:  # noqa: N802
