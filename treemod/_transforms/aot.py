@@ -292,13 +292,14 @@ class LoadedCompiled:
             or [a[:2] for a in avals] != [a[:2] for a in self._avals]
         ):
             self._refuse(treedef, mask, static, avals)
-        for where, x, expected in zip(self._dynamic_paths(), dynamic, self._shardings, strict=True):
+        for i, (x, expected) in enumerate(zip(dynamic, self._shardings, strict=True)):
             sharding = getattr(x, "sharding", None)
             if (
                 sharding is not None
                 and getattr(x, "committed", True)
                 and not sharding.is_equivalent_to(expected, len(x.shape))
             ):
+                where = self._dynamic_paths()[i]  # only for the message: paths cost a walk
                 raise ValueError(
                     f"{self!r}: {where} has sharding {sharding}, but the step was compiled for "
                     f"{expected}. Place it with jax.device_put(x, sharding) (or "
