@@ -305,19 +305,16 @@ class AvgPool(Pool):
         return y / count
 
 
-class MaxPool1d(MaxPool):
-    """1-d max pooling over `(*batch, channels, length)`; see `MaxPool`.
+class _Pool1d(Pool):
+    """Holds the annotated call that `MaxPool1d` and `AvgPool1d` both take as their own.
 
-    Example:
-        >>> import jax.numpy as jnp, treemod.nn as nn
-        >>> nn.MaxPool1d(3, stride=2)(jnp.ones((4, 2, 9))).shape
-        (4, 2, 4)
+    Never instantiated nor subclassed: each per-dimension pool sets `__call__ = _Pool1d.__call__`
+    in its body, so the call is its own member (the API reference shows it) and the class's
+    bases stay the public ones.
     """
 
-    __init__ = with_spatial_dims(MaxPool.__init__, 1)
-
     def __call__(
-        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
+        self: Pool, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
     ) -> Float[Array, "*batch channels new_length"]:
         """Pool `x` of shape `(*batch, channels, length)`.
 
@@ -330,7 +327,66 @@ class MaxPool1d(MaxPool):
             `(*batch, channels, new_length)`, or `(*batch, new_length, channels)` if
             `channels_last`.
         """
-        return super().__call__(x)
+        return Pool.__call__(self, x)
+
+
+class _Pool2d(Pool):
+    """Holds the annotated call of `MaxPool2d` and `AvgPool2d`; see `_Pool1d`."""
+
+    def __call__(
+        self: Pool,
+        x: Float[Array, "*batch channels height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
+                channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_height, new_width)`, or `(*batch, new_height, new_width,
+            channels)` if `channels_last`.
+        """
+        return Pool.__call__(self, x)
+
+
+class _Pool3d(Pool):
+    """Holds the annotated call of `MaxPool3d` and `AvgPool3d`; see `_Pool1d`."""
+
+    def __call__(
+        self: Pool,
+        x: Float[Array, "*batch channels depth height width"],
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
+        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
+
+        Arguments:
+            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
+                width, channels)` if `channels_last`; without `*batch` for one example.
+            key: ignored (accepted so that containers can pass keys to every layer).
+
+        Returns:
+            `(*batch, channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
+            new_height, new_width, channels)` if `channels_last`.
+        """
+        return Pool.__call__(self, x)
+
+
+class MaxPool1d(MaxPool):
+    """1-d max pooling over `(*batch, channels, length)`; see `MaxPool`.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod.nn as nn
+        >>> nn.MaxPool1d(3, stride=2)(jnp.ones((4, 2, 9))).shape
+        (4, 2, 4)
+    """
+
+    __init__ = with_spatial_dims(MaxPool.__init__, 1)
+    __call__ = _Pool1d.__call__
 
 
 class MaxPool2d(MaxPool):
@@ -343,25 +399,7 @@ class MaxPool2d(MaxPool):
     """
 
     __init__ = with_spatial_dims(MaxPool.__init__, 2)
-
-    def __call__(
-        self,
-        x: Float[Array, "*batch channels height width"],
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`.
-
-        Arguments:
-            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
-                channels)` if `channels_last`; without `*batch` for one example.
-            key: ignored (accepted so that containers can pass keys to every layer).
-
-        Returns:
-            `(*batch, channels, new_height, new_width)`, or `(*batch, new_height, new_width,
-            channels)` if `channels_last`.
-        """
-        return super().__call__(x)
+    __call__ = _Pool2d.__call__
 
 
 class MaxPool3d(MaxPool):
@@ -374,25 +412,7 @@ class MaxPool3d(MaxPool):
     """
 
     __init__ = with_spatial_dims(MaxPool.__init__, 3)
-
-    def __call__(
-        self,
-        x: Float[Array, "*batch channels depth height width"],
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
-
-        Arguments:
-            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
-                width, channels)` if `channels_last`; without `*batch` for one example.
-            key: ignored (accepted so that containers can pass keys to every layer).
-
-        Returns:
-            `(*batch, channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
-            new_height, new_width, channels)` if `channels_last`.
-        """
-        return super().__call__(x)
+    __call__ = _Pool3d.__call__
 
 
 class AvgPool1d(AvgPool):
@@ -405,22 +425,7 @@ class AvgPool1d(AvgPool):
     """
 
     __init__ = with_spatial_dims(AvgPool.__init__, 1)
-
-    def __call__(
-        self, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch channels new_length"]:
-        """Pool `x` of shape `(*batch, channels, length)`.
-
-        Arguments:
-            x: the input, `(*batch, channels, length)`, or `(*batch, length, channels)` if
-                `channels_last`; without `*batch` for one example.
-            key: ignored (accepted so that containers can pass keys to every layer).
-
-        Returns:
-            `(*batch, channels, new_length)`, or `(*batch, new_length, channels)` if
-            `channels_last`.
-        """
-        return super().__call__(x)
+    __call__ = _Pool1d.__call__
 
 
 class AvgPool2d(AvgPool):
@@ -433,25 +438,7 @@ class AvgPool2d(AvgPool):
     """
 
     __init__ = with_spatial_dims(AvgPool.__init__, 2)
-
-    def __call__(
-        self,
-        x: Float[Array, "*batch channels height width"],
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, height, width)`.
-
-        Arguments:
-            x: the input, `(*batch, channels, height, width)`, or `(*batch, height, width,
-                channels)` if `channels_last`; without `*batch` for one example.
-            key: ignored (accepted so that containers can pass keys to every layer).
-
-        Returns:
-            `(*batch, channels, new_height, new_width)`, or `(*batch, new_height, new_width,
-            channels)` if `channels_last`.
-        """
-        return super().__call__(x)
+    __call__ = _Pool2d.__call__
 
 
 class AvgPool3d(AvgPool):
@@ -464,22 +451,4 @@ class AvgPool3d(AvgPool):
     """
 
     __init__ = with_spatial_dims(AvgPool.__init__, 3)
-
-    def __call__(
-        self,
-        x: Float[Array, "*batch channels depth height width"],
-        *,
-        key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
-        """Pool `x` of shape `(*batch, channels, depth, height, width)`.
-
-        Arguments:
-            x: the input, `(*batch, channels, depth, height, width)`, or `(*batch, depth, height,
-                width, channels)` if `channels_last`; without `*batch` for one example.
-            key: ignored (accepted so that containers can pass keys to every layer).
-
-        Returns:
-            `(*batch, channels, new_depth, new_height, new_width)`, or `(*batch, new_depth,
-            new_height, new_width, channels)` if `channels_last`.
-        """
-        return super().__call__(x)
+    __call__ = _Pool3d.__call__
