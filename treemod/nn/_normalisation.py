@@ -24,6 +24,15 @@ def _shape(owner: str, shape: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(check_size(owner, f"shape[{i}]", d) for i, d in enumerate(shape))
 
 
+def _scale_shift(y: Array, weight: Array | None, bias: Array | None) -> Array:
+    """`y * weight + bias` with both broadcast over `y`'s leading axes, each skipped if `None`."""
+    if weight is not None:
+        y = y * lead(weight.astype(y.dtype), y.ndim)
+    if bias is not None:
+        y = y + lead(bias.astype(y.dtype), y.ndim)
+    return y
+
+
 class LayerNorm(Module):
     """Layer normalisation over the trailing `shape` dimensions (PyTorch's `nn.LayerNorm`).
 
@@ -96,11 +105,7 @@ class LayerNorm(Module):
         mean = xf.mean(axes, keepdims=True)
         var = jnp.square(xf - mean).mean(axes, keepdims=True)
         y = (xf - mean) * lax.rsqrt(var + self.eps)
-        if self.weight is not None:
-            y = y * lead(self.weight.astype(y.dtype), y.ndim)
-        if self.bias is not None:
-            y = y + lead(self.bias.astype(y.dtype), y.ndim)
-        return y.astype(x.dtype)
+        return _scale_shift(y, self.weight, self.bias).astype(x.dtype)
 
 
 class RMSNorm(Module):
@@ -166,11 +171,7 @@ class RMSNorm(Module):
         axes = tuple(range(1, x.ndim))
         xf = x.astype(compute_dtype(x.dtype))
         y = xf * lax.rsqrt(jnp.square(xf).mean(axes, keepdims=True) + self.eps)
-        if self.weight is not None:
-            y = y * lead(self.weight.astype(y.dtype), y.ndim)
-        if self.bias is not None:
-            y = y + lead(self.bias.astype(y.dtype), y.ndim)
-        return y.astype(x.dtype)
+        return _scale_shift(y, self.weight, self.bias).astype(x.dtype)
 
 
 class GroupNorm(Module):
