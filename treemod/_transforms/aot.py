@@ -8,8 +8,8 @@ argument path that differs) and runs the executable: no tracing, lowering or com
 
 Given a `Lowered`, `save_compiled` compiles it with `LOAD_OPTIONS` for its platform. On the
 CPU these turn off XLA's YNNPACK library fusions: loading an executable finds each fusion's
-instruction by a scan of the whole program (quadratic in the program's size: 88 of 102 s of a
-48-block stack's load) and its first run builds every fusion's runtime.
+instruction by a scan of the whole program (quadratic in the program's size: 88 s of the 102 s
+first step of a 48-block stack) and its first run builds every fusion's runtime.
 """
 
 from __future__ import annotations
