@@ -337,6 +337,14 @@ def test_user_layers_and_those_inside_attention_are_one_node_type() -> None:
         assert jtu.tree_structure(dropout) == jtu.tree_structure(attention.dropout), nn
         assert dropout.deterministic is False and isinstance(attention.dropout, nn.Dropout)
 
+        class Doubled(nn.Linear):  # a user's subclass keeps its own class, as in Equinox
+            def __call__(self, x: Any) -> Any:
+                return 2 * super().__call__(x)
+
+        doubled = Doubled(2, 2, key=K)
+        assert type(doubled) is Doubled and isinstance(doubled, nn.Linear)
+        np.testing.assert_allclose(doubled(jnp.ones(2)), 2 * nn.Linear(2, 2, key=K)(jnp.ones(2)))
+
 
 def test_shared_node_inside_attention_matches_equinox() -> None:
     # A user's Linear tied to an attention layer's key projection: the outputs and the
