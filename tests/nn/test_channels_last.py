@@ -94,6 +94,25 @@ def test_pools_channels_last_are_the_transposed_channels_first_ones(
     close(pool(n, **kw, channels_last=True)(to_last(x)), expected)
 
 
+@pytest.mark.usefixtures("shape_checks_on")
+@pytest.mark.parametrize("kind", ["Avg", "Max"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_per_dimension_pools_take_channels_last(kind, n):
+    """As their `__call__` docs say. Before, the adaptive ones refused `channels_last` (a
+    TypeError) and the shape check of every one refused channels-last arrays."""
+    x = rand(n, 2, 3, *(7, 6, 5)[:n])
+    pool = getattr(nn, f"{kind}Pool{n}d")
+    close(pool(2, channels_last=True)(to_last(x)), to_last(pool(2)(x)))
+    layer = getattr(nn, f"Adaptive{kind}Pool{n}d")
+    expected = to_last(layer(2)(x))
+    close(layer(2, channels_last=True)(to_last(x)), expected)
+    # One output cell by hand: the first window along each axis is [0, ceil(size / 2)).
+    window = np.asarray(x)[(slice(None), slice(None), *(slice(0, -(-s // 2)) for s in x.shape[2:]))]
+    reduce = np.mean if kind == "Avg" else np.max
+    first_cell = reduce(window.reshape(2, 3, -1), axis=-1)
+    close(expected[(slice(None), *(0,) * n, slice(None))], first_cell)
+
+
 @SETTINGS
 @given(spatial=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_batch_norm_channels_last_matches_channels_first(spatial, seed):

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from treemod._module.module import Module, field
 
 from ._layout import apply_image_layer, layer_name
-from ._utils import as_tuple, check_size
+from ._utils import as_tuple, check_size, with_spatial_dims
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -198,6 +198,8 @@ class _Adaptive1d(AdaptivePool):
     Never instantiated nor subclassed: each per-dimension adaptive pool sets
     `__call__ = _Adaptive1d.__call__` in its body, so the call is its own member (the API
     reference shows it) and the class's bases stay the public ones.
+    The output's channels are named apart from the input's: with `channels_last` the names
+    bind other dimensions (the annotations are channels-first).
     """
 
     def __call__(
@@ -205,7 +207,7 @@ class _Adaptive1d(AdaptivePool):
         x: Float[Array, "*batch channels length"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels target"]:
+    ) -> Float[Array, "*batch out_channels target"]:
         """Pool `x` of shape `(*batch, channels, length)` to `(*batch, channels, target)`.
 
         Arguments:
@@ -227,7 +229,7 @@ class _Adaptive2d(AdaptivePool):
         x: Float[Array, "*batch channels height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels target_height target_width"]:
+    ) -> Float[Array, "*batch out_channels target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, height, width)`.
 
         Arguments:
@@ -250,7 +252,7 @@ class _Adaptive3d(AdaptivePool):
         x: Float[Array, "*batch channels depth height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels target_depth target_height target_width"]:
+    ) -> Float[Array, "*batch out_channels target_depth target_height target_width"]:
         """Pool `x` of shape `(*batch, channels, depth, height, width)`.
 
         Arguments:
@@ -270,6 +272,7 @@ class AdaptiveAvgPool1d(AdaptiveAvgPool):
 
     Arguments:
         target_shape: the output length (an int or a 1-tuple).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -277,9 +280,7 @@ class AdaptiveAvgPool1d(AdaptiveAvgPool):
         Array([[1., 4.]], dtype=float32)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 1)
-
+    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 1)
     __call__ = _Adaptive1d.__call__
 
 
@@ -288,6 +289,7 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool):
 
     Arguments:
         target_shape: the output `(height, width)` (an int for a square).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -295,9 +297,7 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool):
         (8, 64, 1, 1)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 2)
-
+    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 2)
     __call__ = _Adaptive2d.__call__
 
 
@@ -306,6 +306,7 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool):
 
     Arguments:
         target_shape: the output `(depth, height, width)` (an int for a cube).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -313,9 +314,7 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool):
         (4, 2, 2, 2)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 3)
-
+    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 3)
     __call__ = _Adaptive3d.__call__
 
 
@@ -324,6 +323,7 @@ class AdaptiveMaxPool1d(AdaptiveMaxPool):
 
     Arguments:
         target_shape: the output length (an int or a 1-tuple).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -331,9 +331,7 @@ class AdaptiveMaxPool1d(AdaptiveMaxPool):
         Array([[3., 5.]], dtype=float32)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 1)
-
+    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 1)
     __call__ = _Adaptive1d.__call__
 
 
@@ -342,6 +340,7 @@ class AdaptiveMaxPool2d(AdaptiveMaxPool):
 
     Arguments:
         target_shape: the output `(height, width)` (an int for a square).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -349,9 +348,7 @@ class AdaptiveMaxPool2d(AdaptiveMaxPool):
         (8, 16, 2, 3)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 2)
-
+    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 2)
     __call__ = _Adaptive2d.__call__
 
 
@@ -360,6 +357,7 @@ class AdaptiveMaxPool3d(AdaptiveMaxPool):
 
     Arguments:
         target_shape: the output `(depth, height, width)` (an int for a cube).
+        channels_last: take and return `(*batch, *spatial, channels)` arrays.
 
     Example:
         >>> import jax.numpy as jnp, treemod.nn as nn
@@ -367,7 +365,5 @@ class AdaptiveMaxPool3d(AdaptiveMaxPool):
         (4, 1, 1, 1)
     """
 
-    def __init__(self, target_shape: int | Sequence[int]) -> None:
-        super().__init__(target_shape, 3)
-
+    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 3)
     __call__ = _Adaptive3d.__call__

@@ -311,11 +311,13 @@ class _Pool1d(Pool):
     Never instantiated nor subclassed: each per-dimension pool sets `__call__ = _Pool1d.__call__`
     in its body, so the call is its own member (the API reference shows it) and the class's
     bases stay the public ones.
+    The output's channels are named apart from the input's: with `channels_last` the names
+    bind other dimensions (the annotations are channels-first).
     """
 
     def __call__(
         self: Pool, x: Float[Array, "*batch channels length"], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "*batch channels new_length"]:
+    ) -> Float[Array, "*batch out_channels new_length"]:
         """Pool `x` of shape `(*batch, channels, length)`.
 
         Arguments:
@@ -338,7 +340,7 @@ class _Pool2d(Pool):
         x: Float[Array, "*batch channels height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_height new_width"]:
+    ) -> Float[Array, "*batch out_channels new_height new_width"]:
         """Pool `x` of shape `(*batch, channels, height, width)`.
 
         Arguments:
@@ -361,7 +363,7 @@ class _Pool3d(Pool):
         x: Float[Array, "*batch channels depth height width"],
         *,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "*batch channels new_depth new_height new_width"]:
+    ) -> Float[Array, "*batch out_channels new_depth new_height new_width"]:
         """Pool `x` of shape `(*batch, channels, depth, height, width)`.
 
         Arguments:

@@ -139,13 +139,19 @@ def with_spatial_dims(init: Any, num_spatial_dims: int) -> Any:
     """The `__init__` of a per-dimension layer (`Conv2d`, ...): `init` (the N-d layer's
     `__init__`) with its `num_spatial_dims` argument bound, and the remaining signature (for
     `inspect.signature`, IDEs and the API docs)."""
+    sig = inspect.signature(init)
+    params = list(sig.parameters.values())
+    index = [p.name for p in params].index("num_spatial_dims") - 1  # its place after `self`
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, num_spatial_dims, *args, **kwargs)
+        if len(args) >= index:
+            init(self, *args[:index], num_spatial_dims, *args[index:], **kwargs)
+        else:  # the arguments before it were passed by keyword
+            init(self, *args, num_spatial_dims=num_spatial_dims, **kwargs)
 
-    sig = inspect.signature(init)
-    self_param, _, *rest = sig.parameters.values()
     # A function takes any attribute; `inspect.signature` reads this one.
-    __init__.__signature__ = sig.replace(parameters=[self_param, *rest])  # type: ignore[attr-defined]
+    __init__.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[p for p in params if p.name != "num_spatial_dims"]
+    )
     __init__.__module__ = init.__module__
     return __init__
