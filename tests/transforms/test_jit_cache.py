@@ -125,6 +125,28 @@ def test_changed_closure_cell_retraces_when_rewrapped() -> None:
     assert tm.debug.get_num_traces(tm.filter_jit(f)) == 1
 
 
+def test_cells_the_function_assigns_do_not_retrace_when_rewrapped() -> None:
+    """A `nonlocal` counter is the function's state: re-wrapping behaves as reusing one
+    wrapper (and as `jax.jit` of the same function), tracing once."""
+    num_traces = 0
+    offset = 1.0
+
+    def f(x: jax.Array) -> jax.Array:
+        nonlocal num_traces
+        num_traces += 1
+        return x + offset
+
+    x = jnp.ones(2)
+    for transform in (lambda g: g, tm.filter_grad, tm.filter_vmap):
+        num_traces = 0
+        for _ in range(3):
+            tm.filter_jit(transform(f))(x if transform is not tm.filter_grad else x.sum())
+        assert num_traces == 1
+    offset = 2.0  # a cell it only reads: a change still retraces
+    assert tm.filter_jit(f)(x).tolist() == [3.0, 3.0]
+    assert num_traces == 2
+
+
 def test_closure_over_arrays_rewrapped_in_a_loop() -> None:
     x = jnp.arange(3.0)
     for i in range(3):

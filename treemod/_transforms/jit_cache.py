@@ -11,7 +11,8 @@ once), keyed weakly on the function object (or, for a Module method, its functio
 Module, its class) and the wrapper's options. A transform wrapper of a function
 (`filter_grad(f)`, `filter_vmap(f)`, declared by `_tm_share_fields`) shares through that
 function, its options part of the key (`share_target`). A function whose closure cells now
-hold other objects than when it was first wrapped gets fresh versions. Each function keeps at most
+hold other objects than when it was first wrapped gets fresh versions (cells the function itself
+assigns, such as a `nonlocal` counter, are left out). Each function keeps at most
 `MAX_VERSIONS` versions, dropping the oldest, and warns once at `WARN_VERSIONS`.
 
 A version's key holds the whole tree structure, so modules (or owners of a method) whose
@@ -23,6 +24,7 @@ traces once. Threads tracing functions that call each other therefore cannot dea
 
 from __future__ import annotations
 
+import dis
 import functools
 import os
 import struct
@@ -91,21 +93,41 @@ class _TraceCount:
 
 _EMPTY_CELL = object()
 _SELF = object()
+_OWNED = object()
 
 
 def closure_of(fn: Any) -> tuple[Any, ...]:
-    """What `fn`'s closure cells hold now (itself replaced by a marker, to avoid a cycle)."""
+    """What `fn`'s closure cells hold now (itself replaced by a marker, to avoid a cycle).
+
+    Cells that `fn` itself assigns (`nonlocal n; n += 1`: a counter, a cache) are its state,
+    not its configuration: they count as unchanged, as they would for one wrapper reused.
+    """
     cells = getattr(fn, "__closure__", None)
     if not cells:
         return ()
+    owned = _assigned_cells(fn.__code__)
     out = []
-    for cell in cells:
+    for i, cell in enumerate(cells):
+        if i in owned:
+            out.append(_OWNED)
+            continue
         try:
             value = cell.cell_contents
         except ValueError:
             value = _EMPTY_CELL
         out.append(_SELF if value is fn else value)
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _assigned_cells(code: types.CodeType) -> frozenset[int]:
+    """The positions in `co_freevars` (so in `__closure__`) of the cells `code` assigns."""
+    stored = {
+        ins.argval
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("STORE_DEREF", "DELETE_DEREF")
+    }
+    return frozenset(i for i, name in enumerate(code.co_freevars) if name in stored)
 
 
 class _Traces:
