@@ -62,6 +62,23 @@ def test_breakpoint_if_stays_a_branch_under_vmap() -> None:
         tm.debug.breakpoint_if(jnp.ones(2))
 
 
+_BREAKPOINT_IF_DOCTEST = """
+import doctest, treemod.debug
+flags = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+runner = doctest.DocTestRunner(optionflags=flags)
+for test in doctest.DocTestFinder().find(treemod.debug.breakpoint_if, "breakpoint_if"):
+    runner.run(test)
+print(runner.failures, runner.tries)
+"""
+
+
+def test_breakpoint_if_docstring_example() -> None:
+    """The example in `breakpoint_if`'s docstring, which the doctest run leaves out (see the
+    root conftest.py), run by doctest in a fresh interpreter."""
+    failures, tries = map(int, run_printing(_BREAKPOINT_IF_DOCTEST).split()[-2:])
+    assert (failures, tries) == (0, 3)
+
+
 def test_store_dce_shows_what_was_eliminated(capfd: pytest.CaptureFixture[str]) -> None:
     @jax.jit
     def f(x: jax.Array) -> jax.Array:
