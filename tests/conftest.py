@@ -4,6 +4,9 @@
   devices, float32 matmuls at the highest precision.
 - Hypothesis: the `ci` profile (bounded examples, no deadline: the machines running the suite are
   small and shared) unless `HYPOTHESIS_PROFILE` names another (`thorough`: 10x the examples).
+- Temporary files: `tempfile`'s directory is the test's `tmp_path` (also `TMPDIR` for the
+  processes a test starts), so the docs pages' and doctests' `tempfile.mkdtemp()` leave nothing
+  behind (pytest keeps the last three runs' directories).
 - Fixtures: `shape_checks_on` (checks on with typeguard for one test, the previous global setting
   restored after it); `shape_checks_restored` (only the restoring).
 - Markers (registered in pyproject.toml): `slow`, tests that compile several libraries' models;
@@ -16,7 +19,9 @@
 """
 
 import os
+import pathlib
 import sys
+import tempfile
 
 # Optimisation level 0 of XLA's CPU backend (LLVM): the same operations in the same order, compiled
 # several times faster. The suite mostly compiles small functions once and runs them once, so
@@ -78,6 +83,13 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     leaked = lost - _BUDGET_LOST_AT_START[0]
     if leaked > 0:
         sys.setrecursionlimit(sys.getrecursionlimit() + leaked)
+
+
+@pytest.fixture(autouse=True)
+def temporary_files_in_tmp_path(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tempfile.mkdtemp()` and friends, here and in the processes the test starts: `tmp_path`."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 @pytest.fixture
