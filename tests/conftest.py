@@ -86,10 +86,19 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def temporary_files_in_tmp_path(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`tempfile.mkdtemp()` and friends, here and in the processes the test starts: `tmp_path`."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+def temporary_files_in_tmp_path(tmp_path: pathlib.Path) -> Iterator[None]:
+    """`tempfile.mkdtemp()` and friends, here and in the processes the test starts: `tmp_path`.
+
+    Restored by hand, not through `monkeypatch`: requesting it here would make every test's
+    `monkeypatch` undo its patches only after the other fixtures' teardowns."""
+    saved = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = os.environ["TMPDIR"] = str(tmp_path)
+    yield
+    tempfile.tempdir = saved[0]
+    if saved[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[1]
 
 
 @pytest.fixture
