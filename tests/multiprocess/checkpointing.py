@@ -74,9 +74,7 @@ def save_while_training(folder: str) -> dict[str, Any]:
         tm.save(target, trainer)
     except tm.CheckpointError as e:
         out["tm_save_error"] = str(e)
-    out["tm_save_wrote"] = os.path.exists(target) or any(
-        n.startswith(f"tm-{jax.process_index()}") for n in os.listdir(folder)
-    )
+    out["tm_save_wrote"] = _left(folder, "tm-")
 
     options = ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=True)
     xs, ys = training.data()
@@ -110,7 +108,50 @@ def save_while_training(folder: str) -> dict[str, Any]:
     out["tm_load_equal"] = bool(tm.filter_jit(tm.tree_equal)(loaded, trainer.net))
     out["tm_load_spans"] = not loaded.first.weight.is_fully_addressable
     out["last/key_data"] = np.asarray(jax.random.key_data(trainer.key))
+    out.update(_save_held_whole(trainer, folder))
+    out.update(_equinox_format(trainer, folder))
     return out
+
+
+def _save_held_whole(trainer: Trainer, folder: str) -> dict[str, Any]:
+    """`tm.save` on every process of arrays that span processes but that each process holds
+    whole: replicated everywhere (data parallel), and split over each process's own devices
+    only (tensor parallel within a host, data parallel across hosts)."""
+    everywhere = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P())
+    hosts = Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1), ("hosts", "local"))
+
+    def within(leaf: Any) -> NamedSharding:
+        split = leaf.ndim == 2 and leaf.shape[0] % hosts.shape["local"] == 0
+        return NamedSharding(hosts, P("local", None) if split else P())
+
+    out: dict[str, Any] = {}
+    for kind, place in (("replicated", lambda _: everywhere), ("within", within)):
+        placed = tm.filter_jit(
+            lambda t, p=place: tm.filter_shard(t, jax.tree.map(p, tm.filter(t, tm.is_array)))
+        )(trainer)
+        weight = placed.net.first.weight
+        out[f"{kind}/spans"] = not weight.is_fully_addressable
+        out[f"{kind}/fully_replicated"] = weight.is_fully_replicated
+        # Every process writes its own file (a shared disk would take one, from process 0).
+        tm.save(os.path.join(folder, f"{kind}-{jax.process_index()}.safetensors"), placed)
+    return out
+
+
+def _equinox_format(trainer: Trainer, folder: str) -> dict[str, Any]:
+    """`tm.tree_serialise_leaves` (Equinox's format) of the tree sharded across processes:
+    its error, and whether a file was left."""
+    target = os.path.join(folder, f"equinox-{jax.process_index()}.eqx")
+    try:
+        tm.tree_serialise_leaves(target, trainer)
+    except RuntimeError as e:
+        return {"equinox_error": str(e), "equinox_wrote": _left(folder, "equinox-")}
+    return {"equinox_error": "", "equinox_wrote": _left(folder, "equinox-")}
+
+
+def _left(folder: str, prefix: str) -> bool:
+    """Whether this process left any file (or temporary) whose name has `prefix` in `folder`."""
+    mine = f"{prefix}{jax.process_index()}"
+    return any(mine in n for n in os.listdir(folder))
 
 
 def restore(folder: str, steps: list[int]) -> dict[str, Any]:
@@ -122,7 +163,7 @@ def restore(folder: str, steps: list[int]) -> dict[str, Any]:
         shardings(skeleton),
     )
     skeleton = tm.combine(placed, skeleton)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"processes": jax.process_count(), "devices": jax.device_count()}
     with ocp.CheckpointManager(os.path.join(folder, "orbax")) as manager:
         out["latest"] = manager.latest_step()
         for step in steps:

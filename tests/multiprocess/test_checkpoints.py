@@ -1,9 +1,12 @@
-"""Checkpoints of models sharded across processes, through Orbax.
+"""Checkpoints of models sharded across processes, through Orbax, and what `tm.save` does with them.
 
 Saved by 2 processes x 2 devices (weights split across both, asynchronously while training goes
-on), restored by 1 process x 4 devices and 1 process x 2 (resharded onto `filter_eval_shape`
-skeletons that carry the new shardings). References: a plain-JAX run of the same training
-(tests/multiprocess/test_training.py's), and the model built from the same key in this process.
+on), restored by 1 process x 4 devices, 1 process x 2 and 2 processes x 1 (resharded onto
+`filter_eval_shape` skeletons that carry the new shardings). `tm.save` refuses arrays of which
+other processes hold parts, and writes those each process holds whole (replicated, or split over
+its own devices only). References: a plain-JAX run of the same training
+(tests/multiprocess/test_training.py's), the model built from the same key in this process, and
+the `safetensors` package reading `tm.save`'s files.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+import treemod as tm
 from multiprocess import harness, training
 from multiprocess.conftest import Launch
 from multiprocess.test_training import NAMES, _reference
@@ -37,12 +41,13 @@ def saved(launch: Launch, folder: Path) -> Results:
     return launch(target, processes=2, devices=2, folder=str(folder))
 
 
-@pytest.fixture(scope="module", params=[4, 2], ids=["1x4", "1x2"])
+@pytest.fixture(scope="module", params=[(1, 4), (1, 2), (2, 1)], ids=["1x4", "1x2", "2x1"])
 def restored(
     request: pytest.FixtureRequest, launch: Launch, folder: Path, saved: Results
 ) -> Results:
+    processes, devices = request.param
     target = "multiprocess.checkpointing:restore"
-    return launch(target, processes=1, devices=request.param, folder=str(folder), steps=[1, 3])
+    return launch(target, processes=processes, devices=devices, folder=str(folder), steps=[1, 3])
 
 
 def test_training_while_saving_matches_the_reference(saved: Results) -> None:
@@ -70,6 +75,45 @@ def test_tm_save_refuses_arrays_spanning_processes_and_writes_nothing(saved: Res
         assert not bool(result["tm_save_wrote"])
 
 
+@pytest.mark.parametrize("kind", ["replicated", "within"])
+def test_tm_save_writes_arrays_that_span_processes_but_each_holds_whole(
+    kind: str, saved: Results, folder: Path
+) -> None:
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    _, params, mean, var = _reference(norm=True)
+    expected = {f".net{name}": params[short] for short, name in NAMES.items()}
+    expected[".net.norm.running_mean.value"] = mean
+    expected[".net.norm.running_var.value"] = var
+    for i, result in enumerate(saved):
+        assert bool(result[f"{kind}/spans"])  # not fully addressable, yet held whole here
+        assert bool(result[f"{kind}/fully_replicated"]) == (kind == "replicated")
+        path = folder / f"{kind}-{i}.safetensors"
+        # Read by the safetensors package, not treemod: the values of the last step.
+        tensors = safetensors_numpy.load_file(str(path))
+        assert tensors.keys() == {*expected, ".key", ".step"}
+        for name, want in expected.items():
+            np.testing.assert_allclose(tensors[name], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(tensors[".key"], result["last/key_data"])
+        assert int(tensors[".step"]) == 3
+        # And back through tm.load: a typed key, the State wrapper, the static field from like.
+        from multiprocess import checkpointing  # imports orbax: after the skip above
+
+        loaded = tm.load(path, like=checkpointing.fresh())
+        assert loaded.name == "run-1"
+        assert type(loaded.net.norm.running_mean).__name__ == "State"
+        np.testing.assert_array_equal(jax.random.key_data(loaded.key), result["last/key_data"])
+
+
+def test_equinox_format_refuses_arrays_spanning_processes_and_writes_nothing(
+    saved: Results,
+) -> None:
+    for result in saved:
+        message = str(result["equinox_error"])
+        assert "could not write the leaf at .net.first.weight" in message
+        assert "process_allgather" in message  # JAX's advice, kept in the message
+        assert not bool(result["equinox_wrote"])
+
+
 def test_tm_load_places_a_gathered_checkpoint_on_shardings_across_processes(
     saved: Results,
 ) -> None:
@@ -81,8 +125,15 @@ def test_tm_load_places_a_gathered_checkpoint_on_shardings_across_processes(
 def test_restore_onto_other_devices_gives_the_saved_model(
     saved: Results, restored: Results
 ) -> None:
-    (result,) = restored
+    for result in restored:
+        _check_restored(result, saved, processes=len(restored))
+
+
+def _check_restored(result: dict[str, np.ndarray], saved: Results, processes: int) -> None:
+    assert int(result["processes"]) == processes
+    # Each device holds its rows of the split weight: as many devices as the run had.
     devices = training.BATCH // int(result["3/shard_rows"])
+    assert devices == int(result["devices"]) and devices in (2, 4)
     assert int(result["latest"]) == 3
     for step, prefix in ((1, "step1"), (3, "last")):
         assert str(result[f"{step}/type"]) == "Trainer"
@@ -90,7 +141,6 @@ def test_restore_onto_other_devices_gives_the_saved_model(
         assert str(result[f"{step}/state_type"]) == "State"
         assert str(result[f"{step}/key_impl"]) == str(jax.random.key_impl(jax.random.key(0)))
         assert bool(result[f"{step}/sharding_matches"])  # the skeleton's sharding, not the saved
-        assert devices in (2, 4)
         for name in [
             *(f".net{n}" for n in NAMES.values()),
             ".key",
@@ -112,14 +162,14 @@ def test_the_first_checkpoint_holds_step_one_not_later_steps(
     saved: Results, restored: Results
 ) -> None:
     # Saved asynchronously while two more steps ran: the checkpoint is the step-1 model.
-    (result,) = restored
     xs, ys = training.data()
     model = training.NormNet(jax.random.key(0))
     model, _ = training.norm_step(model, xs[0], ys[0])
-    np.testing.assert_allclose(
-        result["1/.net.first.weight"], np.asarray(model.first.weight), rtol=1e-5, atol=1e-6
-    )
-    assert not np.allclose(result["1/.net.first.weight"], result["3/.net.first.weight"])
+    for result in restored:
+        np.testing.assert_allclose(
+            result["1/.net.first.weight"], np.asarray(model.first.weight), rtol=1e-5, atol=1e-6
+        )
+        assert not np.allclose(result["1/.net.first.weight"], result["3/.net.first.weight"])
 
 
 def test_a_process_dying_mid_save_leaves_the_last_complete_checkpoint(

@@ -1,12 +1,17 @@
-"""Trees whose arrays span processes: `tm.save` refuses them before writing anything.
+"""Trees whose arrays span processes: `save` writes what this process holds whole, refuses the rest.
 
-A `jax.Array` sharded across processes (`is_fully_addressable` false) has shards this process
-cannot read, so no one process can write it to one file. Such trees are saved with Orbax, each
-process writing its own shards; docs/concepts/many-hosts.md has the recipe.
+A `jax.Array` sharded across processes (`is_fully_addressable` false) may still have every value
+on this process's devices: replicated across processes (plain data parallelism), or split only
+over this process's devices and repeated on the others'. `save` reads such an array from its
+local shards, as `numpy.asarray` does. An array of which other processes hold parts that this
+one lacks cannot be written by one process: `save` refuses it before writing anything. Such
+trees are saved with Orbax, each process writing its own shards; docs/concepts/many-hosts.md
+has the recipe.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -18,17 +23,48 @@ __all__ = ["check_addressable"]
 RECIPE = "docs/concepts/many-hosts.md (section 'Checkpoints')"
 
 
+def _blocks(indices: Mapping[Any, tuple[Any, ...] | None]) -> set[tuple[Any, ...]]:
+    """The distinct blocks an index map names (slices as tuples: hashable before Python 3.12)."""
+    return {
+        tuple((i.start, i.stop, i.step) if isinstance(i, slice) else i for i in index)
+        for index in indices.values()
+        if index is not None
+    }
+
+
+def _held_whole_here(leaf: jax.Array) -> bool:
+    """Whether this process's devices hold every value of `leaf` (some copy of every block)."""
+    if leaf.is_fully_replicated:
+        return bool(leaf.sharding.addressable_devices)
+    sharding, shape = leaf.sharding, leaf.shape
+    return _blocks(sharding.addressable_devices_indices_map(shape)) == _blocks(
+        sharding.devices_indices_map(shape)
+    )
+
+
 def check_addressable(name: str, leaf: Any) -> None:
-    """Raise `CheckpointError` if `leaf` is an array with shards in other processes.
+    """Raise `CheckpointError` if `leaf` is an array with values only other processes hold.
 
     Called for each array leaf before `save` writes anything, so no process leaves a partial
-    file that another would read as complete.
+    file that another would read as complete. Arrays that span processes but whose every value
+    this process holds (replicated across processes, say) pass: `save` reads its own copy.
+
+    Arguments:
+        name: the leaf's key path, for the message.
+        leaf: the leaf (anything; only `jax.Array`s that span processes are looked at).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from treemod._saving.multihost import check_addressable
+        >>> check_addressable(".weight", jnp.ones(3))  # one process: always held whole
     """
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if _held_whole_here(leaf):
+            return
         raise CheckpointError(
             f"save: the array at {name or '(root)'} (shape {tuple(leaf.shape)}, {leaf.sharding}) "
             f"spans {jax.process_count()} processes, and this process ({jax.process_index()}) "
-            "holds only some of its shards, so no one process can write it. Save trees sharded "
+            "holds only some of its values, so no one process can write it. Save trees sharded "
             "across processes with Orbax (every process writes its own shards; see "
             f"{RECIPE}), or gather the array first "
             "(jax.experimental.multihost_utils.process_allgather) and save from one process."
