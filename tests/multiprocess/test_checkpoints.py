@@ -63,6 +63,9 @@ def test_training_while_saving_matches_the_reference(saved: Results) -> None:
                 result[f"last/.net{name}"], params[short], rtol=1e-5, atol=1e-6
             )
         assert result["steps"].tolist() == [1, 3]
+        # Asynchronous: save(1) returned before its checkpoint was written, not after.
+        assert bool(result["saving_when_returned"])
+        assert not bool(result["saving_when_finished"])
         assert int(result["last/.step"]) == 3
 
 
