@@ -25,7 +25,7 @@ from treemod._transforms.error_if import error_if as _error_if
 from treemod._transforms.jit import _JitWrapper, _TraceCount
 from treemod._transforms.unvmap import unvmap_any as _unvmap_any
 from treemod._tree.filters import combine as _combine
-from treemod._tree.filters import is_array as _is_array
+from treemod._tree.filters import is_traceable_array as _is_array
 from treemod._tree.filters import partition as _partition
 
 __all__ = [

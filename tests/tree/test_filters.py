@@ -1,5 +1,7 @@
 """Leaf predicates and filter / partition / combine."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -124,6 +126,91 @@ def test_tree_equal_compares_abstract_leaves_by_shape_and_dtype() -> None:
     assert tm.tree_equal(a, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
     assert not tm.tree_equal(a, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
     assert not tm.tree_equal(a, {"w": jnp.zeros(2)})
+
+
+# --- transforms keep abstract leaves static ------------------------------------------------------
+
+_SPEC = jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+def _loss(t: dict[str, object]) -> jax.Array:
+    spec = t["spec"]
+    assert isinstance(spec, jax.ShapeDtypeStruct), "the transform traced the abstract leaf"
+    return jnp.sum(t["w"] ** 2) + jnp.zeros(spec.shape, spec.dtype).sum()  # type: ignore[operator]
+
+
+def _custom_vjp_loss() -> object:
+    @tm.filter_custom_vjp
+    def loss(t: dict[str, object]) -> jax.Array:
+        return _loss(t)
+
+    def fwd(perturbed: object, t: dict[str, object]) -> tuple[jax.Array, object]:
+        return _loss(t), t["w"]
+
+    def bwd(w: jax.Array, ct: jax.Array, perturbed: object, t: object) -> dict[str, object]:
+        return {"w": 2 * w * ct, "spec": None}
+
+    loss.def_fwd(fwd)
+    loss.def_bwd(bwd)
+    return loss
+
+
+@pytest.mark.parametrize(
+    "derivative",
+    [
+        lambda t: tm.filter_grad(_loss)(t),
+        lambda t: tm.filter_value_and_grad(_loss)(t)[1],
+        lambda t: tm.filter_jacfwd(_loss)(t),
+        lambda t: tm.filter_jacrev(_loss)(t),
+        lambda t: tm.filter_grad(tm.filter_checkpoint(_loss))(t),
+        lambda t: tm.filter_grad(tm.filter_jit(_loss))(t),
+        lambda t: tm.filter_vjp(_loss, t)[1](jnp.float32(1.0))[0],
+        lambda t: tm.filter_grad(_custom_vjp_loss())(t),
+    ],
+    ids=["grad", "value_and_grad", "jacfwd", "jacrev", "checkpoint", "jit", "vjp", "custom_vjp"],
+)
+def test_derivatives_leave_an_abstract_leaf_undifferentiated(derivative: object) -> None:
+    # is_param counts a ShapeDtypeStruct (for filtering skeletons); the transforms, as
+    # Equinox's, keep it static and give it no gradient. Reference: d/dw sum(w**2) = 2w.
+    w = jnp.array([1.0, -3.0])
+    grads = derivative({"w": w, "spec": _SPEC})  # type: ignore[operator]
+    assert grads["spec"] is None
+    np.testing.assert_allclose(grads["w"], [2.0, -6.0])
+
+
+def test_hessian_leaves_an_abstract_leaf_undifferentiated() -> None:
+    hessian = tm.filter_hessian(_loss)({"w": jnp.ones(2), "spec": _SPEC})
+    assert hessian["spec"] is None and hessian["w"]["spec"] is None
+    np.testing.assert_allclose(hessian["w"]["w"], 2 * np.eye(2))
+
+
+def test_filter_jvp_refuses_a_tangent_for_an_abstract_leaf_naming_its_path() -> None:
+    t = {"w": jnp.ones(2), "spec": _SPEC}
+    primal, tangent = tm.filter_jvp(_loss, (t,), ({"w": jnp.ones(2), "spec": None},))
+    np.testing.assert_allclose([primal, tangent], [2.0, 4.0])
+    with pytest.raises(TypeError, match=r"primals\[0\]\['spec'\] is f32\[2\].*tangent None"):
+        tm.filter_jvp(_loss, (t,), ({"w": jnp.ones(2), "spec": _SPEC},))
+
+
+def test_abstract_leaves_in_fields_do_not_warn_as_arrays() -> None:
+    # Equinox's construction warnings are about arrays: a ShapeDtypeStruct describing one is
+    # ordinary static configuration.
+    class Spec(tm.Module):
+        spec: jax.ShapeDtypeStruct = tm.field(static=True)
+        shapes: object = tm.field(init=False)
+
+        def __post_init__(self) -> None:
+            self.shapes = jax.ShapeDtypeStruct((3,), jnp.float32)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Spec(_SPEC).spec == _SPEC
+    with pytest.warns(UserWarning, match=r"Held\.table is a static field holding an array"):
+
+        class Held(tm.Module):
+            table: jax.Array = tm.field(static=True)
+
+        Held(jnp.zeros(2))
 
 
 # --- filter ---------------------------------------------------------------------------------------

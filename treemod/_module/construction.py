@@ -18,7 +18,7 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod
-from treemod._tree.filters import is_array, is_inexact_array_like
+from treemod._tree.filters import is_inexact_traceable_array_like, is_traceable_array
 
 __all__ = [
     "CONTAINERS",
@@ -129,7 +129,7 @@ def check_suspect_value(cls: Any, self: Any, name: str, value: Any) -> None:
     if type(value) in TRANSFORM_TYPES:
         wrapped = value
         while (wrapped := getattr(wrapped, "__wrapped__", None)) is not None:
-            if any(is_array(leaf) for leaf in jtu.tree_leaves(wrapped)):
+            if any(is_traceable_array(leaf) for leaf in jtu.tree_leaves(wrapped)):
                 warnings.warn(
                     f"Possibly assigning a JAX-transformed callable as an attribute: "
                     f"{cls.__qualname__}.{name} holds a {type(value).__name__} of a pytree with "
@@ -154,8 +154,8 @@ def warn_field_values(cls: Any, d: dict[str, Any]) -> None:
     in a `field(init=False)` (which JAX transforms treat as a leaf of its own)."""
     for name in cls.__tm_static_fields__:
         value = d[name]
-        if is_array(value) or (
-            isinstance(value, CONTAINERS) and any(map(is_array, jtu.tree_leaves(value)))
+        if is_traceable_array(value) or (
+            isinstance(value, CONTAINERS) and any(map(is_traceable_array, jtu.tree_leaves(value)))
         ):
             warnings.warn(
                 f"{cls.__qualname__}.{name} is a static field holding an array (Equinox's "
@@ -165,7 +165,7 @@ def warn_field_values(cls: Any, d: dict[str, Any]) -> None:
                 stacklevel=4,
             )
     for name in cls.__tm_init_false_fields__:
-        if any(map(is_inexact_array_like, jtu.tree_leaves(d[name]))):
+        if any(map(is_inexact_traceable_array_like, jtu.tree_leaves(d[name]))):
             warnings.warn(
                 f"{cls.__qualname__}.{name} is a `field(init=False)` holding floating-point "
                 "values (Equinox's warning: Using `field(init=False)` on `equinox.Module` can "

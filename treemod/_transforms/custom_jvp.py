@@ -13,7 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 from treemod._format.paths import function_name
 from treemod._transforms.leaves import split_tree
 from treemod._transforms.wrapper import P, R, TransformedFunction
-from treemod._tree.filters import is_inexact_array
+from treemod._tree.filters import is_inexact_traceable_array
 
 __all__ = ["filter_custom_jvp"]
 
@@ -70,7 +70,7 @@ class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's nam
             )
         arg_arrays, arg_split = split_tree(args)
         kw_arrays, kw_split = split_tree(kwargs)
-        differentiable = [is_inexact_array(a) for a in arg_arrays]
+        differentiable = [is_inexact_traceable_array(a) for a in arg_arrays]
 
         @jax.custom_jvp
         def call(arg_arrays: list[Any], kw_arrays: list[Any]) -> Any:

@@ -14,7 +14,13 @@ from jax.custom_derivatives import SymbolicZero
 from treemod._format.paths import render_path
 from treemod._transforms.leaves import merge_leaves, split_leaves, split_tree
 from treemod._transforms.wrapper import P, R
-from treemod._tree.filters import IS_ARRAY_TYPE, combine, is_array, is_inexact_array, partition
+from treemod._tree.filters import (
+    IS_ARRAY_TYPE,
+    combine,
+    is_inexact_traceable_array,
+    is_traceable_array,
+    partition,
+)
 
 __all__ = ["filter_custom_vjp"]
 
@@ -103,7 +109,7 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
                 f"filter_custom_vjp({name}): define both passes with `@{name}.def_fwd` and "
                 f"`@{name}.def_bwd` before calling it."
             )
-        diff, rest = partition(vjp_arg, is_inexact_array)
+        diff, rest = partition(vjp_arg, is_inexact_traceable_array)
         diff_leaves, diff_def = jtu.tree_flatten(diff)
         dynamic, split = split_tree((rest, args, kwargs))
         fn, fn_fwd, fn_bwd = self.fn, self.fn_fwd, self.fn_bwd
@@ -120,7 +126,7 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
 
         def flat_out(out: Any) -> tuple[list[Any], list[Any]]:
             arrays, out_split = split_tree(out)
-            inexact = [is_inexact_array(a) for a in arrays]
+            inexact = [is_inexact_traceable_array(a) for a in arrays]
             out_plan[:] = [out_split, inexact]
             return split_leaves(arrays, inexact)  # only floating-point outputs have cotangents
 
@@ -140,7 +146,7 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
             x, a, k = rebuild(d_values, dyn_values)
             out, residuals = fn_fwd(perturbed, x, *a, **k)
             # Residuals may hold non-arrays (Equinox allows it): they wait here, not in JAX.
-            res_dynamic, res_static = partition(residuals, is_array)
+            res_dynamic, res_static = partition(residuals, is_traceable_array)
             held[:] = [res_static, perturbed]
             return flat_out(out), (res_dynamic, d_values, dyn_values)
 

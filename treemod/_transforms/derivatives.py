@@ -18,10 +18,10 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._format.paths import function_name
-from treemod._module.state import is_param
+from treemod._module.state import State, is_state
 from treemod._transforms.leaves import Split, split_tree
 from treemod._transforms.wrapper import P, TransformedFunction
-from treemod._tree.filters import combine, partition
+from treemod._tree.filters import combine, is_inexact_traceable_array, partition
 
 __all__ = [
     "filter_grad",
@@ -30,6 +30,15 @@ __all__ = [
     "filter_jacrev",
     "filter_value_and_grad",
 ]
+
+
+def _is_param(element: Any) -> bool:
+    """`is_param` for the leaves a transform traces: a `jax.ShapeDtypeStruct` (which `is_param`
+    counts, for filtering skeletons) stays static, as in Equinox, and gets no gradient."""
+    return not isinstance(element, State) and is_inexact_traceable_array(element)
+
+
+_is_param.is_leaf = is_state  # type: ignore[attr-defined]  # judge State nodes whole
 
 
 class _GradWrapper(TransformedFunction[P, Any]):
@@ -64,7 +73,7 @@ class _GradWrapper(TransformedFunction[P, Any]):
                 f"only ({', '.join(map(str, kwargs))})."
             )
         x, rest = args[0], args[1:]
-        diff, nondiff = partition(x, is_param)
+        diff, nondiff = partition(x, _is_param)
         fun = self._fun
 
         def with_params(diff_x: Any) -> Any:

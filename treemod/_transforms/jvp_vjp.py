@@ -21,7 +21,11 @@ from jax._src.core import find_top_trace
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
 from treemod._transforms.leaves import Split, merge_leaves, split_leaves, split_tree
-from treemod._tree.filters import IS_ARRAY_TYPE, is_inexact_array, is_inexact_array_like
+from treemod._tree.filters import (
+    IS_ARRAY_TYPE,
+    is_inexact_traceable_array,
+    is_inexact_traceable_array_like,
+)
 
 __all__ = ["filter_jvp", "filter_vjp"]
 
@@ -110,7 +114,7 @@ def filter_jvp(
         if t is None:
             continue
         where = "primals" + jtu.keystr(path)
-        if not is_inexact_array_like(p):
+        if not is_inexact_traceable_array_like(p):
             raise TypeError(
                 f"filter_jvp({name}): {where} is {describe_value(p)}, which cannot be "
                 "differentiated; give it the tangent None."
@@ -141,7 +145,10 @@ def filter_jvp(
         # differentiated input); the others, even tracers of an enclosing jvp, get None.
         trace = find_top_trace(diff) if diff else None
         perturbed.append(
-            [trace is not None and is_inexact_array(a) and _trace_of(a) is trace for a in arrays]
+            [
+                trace is not None and is_inexact_traceable_array(a) and _trace_of(a) is trace
+                for a in arrays
+            ]
         )
         return arrays
 
@@ -179,7 +186,7 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
         (Array(2.8805108, dtype=float32), None)
     """
     name = function_name(fn)
-    diff, primal_split = split_tree(primals, is_inexact_array)
+    diff, primal_split = split_tree(primals, is_inexact_traceable_array)
     box: list[Any] = []
 
     def inner(*d: Any) -> tuple[list[Any], Any]:
@@ -195,7 +202,7 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
             aux = None
         arrays, out_split = split_tree(out)
         aux_arrays, aux_split = split_tree(aux)
-        inexact = [is_inexact_array(a) for a in arrays]
+        inexact = [is_inexact_traceable_array(a) for a in arrays]
         box[:] = [out_split, aux_split, inexact]
         # Only floating-point outputs have cotangents; the other arrays leave as auxiliary data.
         diff_out, other_out = split_leaves(arrays, inexact)
@@ -217,7 +224,7 @@ def filter_vjp(fn: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
         o_leaves = jtu.tree_leaves(out, is_leaf=_is_none)
         cts = []
         for (path, c), o in zip(c_paths, o_leaves, strict=True):
-            if not is_inexact_array(o):
+            if not is_inexact_traceable_array(o):
                 if c is not None:
                     raise TypeError(
                         f"filter_vjp({name}): the output{jtu.keystr(path)} is {describe_value(o)}, "

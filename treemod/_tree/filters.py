@@ -53,11 +53,37 @@ IS_ARRAY_TYPE = _TypeIsArray(_ARRAY_TYPES)
 _IS_ARRAY_OR_ABSTRACT_TYPE = _TypeIsArray(_ARRAY_OR_ABSTRACT_TYPES)
 
 
+# What the transforms differentiate, trace and warn about: arrays with values (tracers
+# included), never a `jax.ShapeDtypeStruct`, which they keep static as Equinox's do. Internal:
+# the public predicates below also accept abstract leaves, for filtering skeletons.
+def is_traceable_array(element: Any) -> bool:
+    """Whether `element` is an array a transform can trace (not a `jax.ShapeDtypeStruct`)."""
+    return IS_ARRAY_TYPE[type(element)]
+
+
+def is_inexact_traceable_array(element: Any) -> bool:
+    """`is_traceable_array` of a floating-point or complex dtype: what transforms differentiate."""
+    return IS_ARRAY_TYPE[type(element)] and bool(
+        jax.numpy.issubdtype(element.dtype, jax.numpy.inexact)
+    )
+
+
+def is_inexact_traceable_array_like(element: Any) -> bool:
+    """`is_inexact_traceable_array`, or a Python `float`/`complex` (or `__jax_array__` object)."""
+    if IS_ARRAY_TYPE[type(element)]:
+        return bool(jax.numpy.issubdtype(element.dtype, jax.numpy.inexact))
+    if hasattr(element, "__jax_array__"):
+        return is_inexact_traceable_array(element.__jax_array__())
+    return isinstance(element, float | complex)
+
+
 def is_array(element: Any) -> bool:
     """Whether `element` is a JAX or NumPy array (NumPy scalars such as `np.float32(1)` count).
 
     A `jax.ShapeDtypeStruct` (what `jax.eval_shape` returns in place of an array) counts as
     the array it stands for, so predicates and filters work the same on an abstract skeleton.
+    The transforms still treat one as a static value, as Equinox's do: `filter_jit` does not
+    trace it, and `filter_grad` (and the other derivatives) do not differentiate it.
 
     Arguments:
         element: any Python object.
