@@ -53,6 +53,18 @@ def shardings(tree: Any) -> Any:
     return jax.tree.map(place, tm.filter(tree, tm.is_array))
 
 
+def placed_skeleton(build: Any) -> Any:
+    """What `build()` returns, as `tm.filter_eval_shape` describes it, each array with the
+    sharding `shardings` gives it (filter_eval_shape's skeletons carry none)."""
+    skeleton = tm.filter_eval_shape(build)
+    placed = jax.tree.map(
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        tm.filter(skeleton, tm.is_array),
+        shardings(skeleton),
+    )
+    return tm.combine(placed, skeleton)
+
+
 def _step(trainer: Trainer, x: jax.Array, y: jax.Array) -> tuple[Trainer, jax.Array]:
     net, loss = training.norm_step(trainer.net, x, y)
     key, _ = jax.random.split(trainer.key)
@@ -109,6 +121,11 @@ def save_while_training(folder: str) -> dict[str, Any]:
     loaded = tm.load(path, like=trainer.net)
     out["tm_load_equal"] = bool(tm.filter_jit(tm.tree_equal)(loaded, trainer.net))
     out["tm_load_spans"] = not loaded.first.weight.is_fully_addressable
+    # Onto a filter_eval_shape skeleton whose arrays carry shardings across processes.
+    skeleton = placed_skeleton(lambda: training.NormNet(jax.random.key(0)))
+    from_skeleton = tm.load(path, like=skeleton)
+    out["tm_load_skeleton_equal"] = bool(tm.filter_jit(tm.tree_equal)(from_skeleton, trainer.net))
+    out["tm_load_skeleton_spans"] = not from_skeleton.first.weight.is_fully_addressable
     out["last/key_data"] = np.asarray(jax.random.key_data(trainer.key))
     out.update(_save_held_whole(trainer, folder))
     out.update(_equinox_format(trainer, folder))
@@ -158,13 +175,7 @@ def _left(folder: str, prefix: str) -> bool:
 
 def restore(folder: str, steps: list[int]) -> dict[str, Any]:
     """Restore each of `steps` onto this run's devices; what came back, prefixed by the step."""
-    skeleton = tm.filter_eval_shape(fresh)
-    placed = jax.tree.map(
-        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
-        tm.filter(skeleton, tm.is_array),
-        shardings(skeleton),
-    )
-    skeleton = tm.combine(placed, skeleton)
+    skeleton = placed_skeleton(fresh)
     out: dict[str, Any] = {"processes": jax.process_count(), "devices": jax.device_count()}
     with ocp.CheckpointManager(os.path.join(folder, "orbax")) as manager:
         out["latest"] = manager.latest_step()
@@ -176,7 +187,7 @@ def restore(folder: str, steps: list[int]) -> dict[str, Any]:
                 "state_type": type(restored.net.norm.running_mean).__name__,
                 "key_impl": str(jax.random.key_impl(restored.key)),
                 "sharding_matches": restored.net.first.weight.sharding.is_equivalent_to(
-                    placed.net.first.weight.sharding, 2
+                    skeleton.net.first.weight.sharding, 2
                 ),
                 "shard_rows": restored.net.first.weight.addressable_shards[0].data.shape[0],
                 **training.gathered(restored),

@@ -123,6 +123,8 @@ def test_tm_load_places_a_gathered_checkpoint_on_shardings_across_processes(
     for result in saved:
         assert bool(result["tm_load_equal"])
         assert bool(result["tm_load_spans"])
+        assert bool(result["tm_load_skeleton_equal"])
+        assert bool(result["tm_load_skeleton_spans"])
 
 
 def test_restore_onto_other_devices_gives_the_saved_model(
