@@ -227,6 +227,22 @@ def _prefix_hint(names: set[str], targets: list[tuple[str, Any]], prefix: str) -
     )
 
 
+def _eval_shape_hint(values: dict[str, Any], targets: list[tuple[str, Any]]) -> str:
+    """A hint when `like` has a `jax.ShapeDtypeStruct` where the file holds a Python value:
+    the mark of a skeleton from `jax.eval_shape`, whose Python numbers (a `Dropout`'s `p`,
+    `inference` flags) became arrays, and which `is_param` then counts as parameters."""
+    found = [n for n, leaf in targets if isinstance(leaf, jax.ShapeDtypeStruct) and n in values]
+    if not found:
+        return ""
+    return (
+        f"\nlike has a jax.ShapeDtypeStruct where the file holds a Python value ({found[0]}"
+        f"{f' and {len(found) - 1} more' if len(found) > 1 else ''}): a skeleton from "
+        "jax.eval_shape turns the model's Python numbers into arrays (and an optimiser state "
+        "built from it gets entries for them). Build the skeleton with tm.filter_eval_shape, "
+        "which keeps them as they are."
+    )
+
+
 def load(
     path_or_file: PathOrFile,
     like: Any,
@@ -320,6 +336,7 @@ def load(
                 + "\nNothing was loaded. Key paths are jax.tree_util.keystr paths. To load part "
                 "of a model, pass where= (and prefix= if the file names it differently)."
                 + _prefix_hint(set(reader.tensors) | set(values), targets, prefix)
+                + _eval_shape_hint(values, targets)
             )
         new_leaves = []
         # Checksums are computed in a second thread while the next tensor is read and placed;
