@@ -65,6 +65,47 @@ def _scaled_tanh_jvp(primals: tuple, tangents: tuple) -> tuple:
     return y, (1 - y**2) * t
 
 
+@tm.filter_jit
+@tm.filter_grad
+def jitted_grad(model: Affine, x: jax.Array) -> jax.Array:  # stacked: the outer one is named
+    return loss(model, x)
+
+
+@tm.filter_jacfwd
+def jacobian_forward(model: Affine, x: jax.Array) -> jax.Array:
+    return model(x)
+
+
+@tm.filter_jacrev
+def jacobian_reverse(model: Affine, x: jax.Array) -> jax.Array:
+    return model(x)
+
+
+@tm.filter_hessian
+def hessian_of_loss(model: Affine, x: jax.Array) -> jax.Array:  # built of two wrappers
+    return loss(model, x)
+
+
+@tm.filter_custom_vjp
+def clipped_sin(x: jax.Array) -> jax.Array:
+    return jnp.sin(x)
+
+
+@clipped_sin.def_fwd
+def _clipped_sin_fwd(perturbed: object, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return jnp.sin(x), x
+
+
+@clipped_sin.def_bwd
+def _clipped_sin_bwd(x: jax.Array, ct: jax.Array, perturbed: object, _: jax.Array) -> jax.Array:
+    return jnp.clip(ct * jnp.cos(x), -0.5, 0.5)
+
+
+@tm.filter_pmap
+def doubled(x: jax.Array) -> jax.Array:
+    return 2 * x
+
+
 def plain(x: jax.Array) -> jax.Array:
     return 2 * x
 
@@ -75,6 +116,11 @@ jitted_plain_under_another_name = tm.filter_jit(plain)
 def call(function, *args):  # type: ignore[no-untyped-def]
     """Run in a spawned process: call a function that arrived there pickled."""
     return function(*args)
+
+
+def grad_through(function, x):  # type: ignore[no-untyped-def]
+    """Run in a spawned process: differentiate through a pickled filter_custom_vjp function."""
+    return jax.grad(lambda x: jnp.sum(function(x)))(x)
 
 
 def make_model() -> Affine:

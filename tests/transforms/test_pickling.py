@@ -26,6 +26,12 @@ TRANSFORMED = [
     targets.rematerialised,
     targets.scaled_tanh,
     targets.Affine.jitted_method,
+    targets.jitted_grad,
+    targets.jacobian_forward,
+    targets.jacobian_reverse,
+    targets.hessian_of_loss,
+    targets.clipped_sin,
+    targets.doubled,
 ]
 
 
@@ -52,6 +58,12 @@ def _expected(model: targets.Affine, x: jax.Array, xs: jax.Array) -> list:
         model(x),
         jnp.tanh(x),
         model(x),
+        grads,
+        jax.jacfwd(lambda m: m(x))(model),
+        jax.jacrev(lambda m: m(x))(model),
+        jax.hessian(targets.loss)(model, x),
+        jnp.clip(jnp.cos(x), -0.5, 0.5),  # the custom backward pass, not sin's derivative
+        2 * x[None],
     ]
 
 
@@ -66,10 +78,18 @@ def test_transformed_functions_and_modules_cross_processes() -> None:
         (targets.rematerialised, model, x),
         (targets.scaled_tanh, x),
         (targets.Affine.jitted_method, model, x),
+        (targets.jitted_grad, model, x),
+        (targets.jacobian_forward, model, x),
+        (targets.jacobian_reverse, model, x),
+        (targets.hessian_of_loss, model, x),
+        (targets.clipped_sin, x),
+        (targets.doubled, x[None]),
     ]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, as job launchers use
     with context.Pool(1) as pool:
         results = pool.starmap(targets.call, calls)
+        # The custom backward pass arrives too: the spawned process differentiates through it.
+        results[-2] = pool.apply(targets.grad_through, (targets.clipped_sin, x))
     for result, expected in zip(results, _expected(model, x, xs), strict=True):
         if isinstance(expected, jax.Array):
             expected = [expected]

@@ -13,7 +13,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from treemod._format.paths import render_path
 from treemod._transforms.leaves import merge_leaves, split_leaves, split_tree
-from treemod._transforms.wrapper import P, R
+from treemod._transforms.wrapper import P, R, reduce_by_name
 from treemod._tree.filters import (
     IS_ARRAY_TYPE,
     combine,
@@ -69,6 +69,10 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         self.fn_fwd: Callable[..., Any] | None = None
         self.fn_bwd: Callable[..., Any] | None = None
         functools.update_wrapper(self, fn, updated=())
+
+    def __reduce__(self) -> str:
+        """Pickle by reference (module and name), as the other transformed functions do."""
+        return reduce_by_name(self)
 
     def def_fwd(self, fn_fwd: Callable[..., Any]) -> Callable[..., Any]:
         """Set the forward pass: `fn_fwd(perturbed, vjp_arg, *args, **kwargs) -> (out, res)`."""

@@ -52,7 +52,10 @@ class TransformedFunction(Generic[P, R]):
         return inner, options, functools.partial(_rewrap, type(self), state, inner_attr)
 
     def _wraps(self, fun: Any) -> None:
-        if isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
+        # A wrapper of a named wrapper (`@filter_jit` over `@filter_grad`, or `filter_hessian`,
+        # built of two) takes its names too, so the outermost one pickles under them.
+        named = isinstance(fun, TransformedFunction) and "__qualname__" in vars(fun)
+        if named or isinstance(fun, types.FunctionType | types.MethodType | functools.partial):
             functools.update_wrapper(self, fun, updated=())
         else:
             self.__wrapped__ = fun
@@ -78,28 +81,40 @@ class TransformedFunction(Generic[P, R]):
         is found again under its name when unpickled, in this process or another one
         (`multiprocessing`, job launchers). Anything else raises `pickle.PicklingError` saying why.
         """
-        attrs = vars(self)
-        module, qualname = attrs.get("__module__"), attrs.get("__qualname__")
-        if not isinstance(module, str) or not isinstance(qualname, str):
-            wrapped = type(attrs.get("__wrapped__")).__name__
-            raise _unpicklable(f"it wraps a {wrapped} object, which has no importable name")
-        name = f"{module}.{qualname}"
-        if "<locals>" in qualname or "<lambda>" in qualname:
-            raise _unpicklable(f"{name} is defined inside a function (or is a lambda)")
-        try:
-            found: Any = sys.modules.get(module) or importlib.import_module(module)
-            for part in qualname.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError) as e:
-            raise _unpicklable(f"{name} cannot be found by importing it ({e})") from None
-        if found is not self:
-            raise _unpicklable(
-                f"{name} is another object ({type(found).__name__}), not this transformed "
-                "function: it was transformed again under another name, or the name was "
-                f"rebound. Decorate the definition itself, or assign the result to that name "
-                f"(`{qualname} = filter_jit({qualname})`)"
-            )
-        return qualname  # pickle's global lookup: `module.qualname`, checked to be `self`
+        return reduce_by_name(self)
+
+
+def reduce_by_name(obj: Any) -> str:
+    """`__reduce__` of a transformed function: its qualified name, once checked to lead to it.
+
+    Arguments:
+        obj: a wrapper that took its wrapped function's `__module__` and `__qualname__`.
+
+    Returns:
+        The qualified name, which pickle looks up in the module as a global.
+    """
+    attrs = vars(obj)
+    module, qualname = attrs.get("__module__"), attrs.get("__qualname__")
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        wrapped = type(attrs.get("__wrapped__")).__name__
+        raise _unpicklable(f"it wraps a {wrapped} object, which has no importable name")
+    name = f"{module}.{qualname}"
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise _unpicklable(f"{name} is defined inside a function (or is a lambda)")
+    try:
+        found: Any = sys.modules.get(module) or importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise _unpicklable(f"{name} cannot be found by importing it ({e})") from None
+    if found is not obj:
+        raise _unpicklable(
+            f"{name} is another object ({type(found).__name__}), not this transformed "
+            "function: it was transformed again under another name, or the name was "
+            f"rebound. Decorate the definition itself, or assign the result to that name "
+            f"(`{qualname} = filter_jit({qualname})`)"
+        )
+    return qualname  # pickle's global lookup: `module.qualname`, checked to be `obj`
 
 
 def _rewrap(cls: type, state: dict[str, Any], inner_attr: str, inner: Any) -> Any:
