@@ -268,3 +268,94 @@ def test_lone_surrogates_and_huge_ints_are_refused_by_key_path() -> None:
 def test_header_too_large_to_save_is_refused() -> None:
     with pytest.raises(ValueError, match="header would be .* bytes, more than the 100,000,000"):
         tm.save(io.BytesIO(), {"s": "x" * 100_000_001})
+
+
+def test_closed_and_write_only_files_name_the_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "model.safetensors"
+    tm.save(path, TREE)
+    f = open(path, "rb")
+    f.close()
+    for read in (lambda src: tm.load(src, LIKE), lambda src: tm.tree_deserialise_leaves(src, LIKE)):
+        with pytest.raises(
+            tm.CheckpointError, match=r"model.safetensors' is closed|model.safetensors is closed"
+        ):
+            read(f)
+        with (
+            open(tmp_path / "out.bin", "wb") as w,
+            pytest.raises(
+                tm.CheckpointError, match="out.bin.? is not open for reading; open it with open"
+            ),
+        ):
+            read(w)
+    with pytest.raises(TypeError, match=r"got bytes \(checkpoint bytes in memory: .*io.BytesIO"):
+        tm.load(path.read_bytes(), LIKE)
+
+
+def test_the_equinox_format_reader_names_the_file(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "model.eqx"
+    tm.tree_serialise_leaves(path, TREE)
+    (tmp_path / "dir.eqx").mkdir()
+    with pytest.raises(tm.CheckpointError, match=r"dir.eqx is a directory, not a file"):
+        tm.tree_deserialise_leaves(tmp_path / "dir.eqx", LIKE)
+    for kind in (tm.CheckpointError, FileNotFoundError):  # FileNotFoundError, as Equinox
+        with pytest.raises(kind, match=r"there is no file .*nope.eqx"):
+            tm.tree_deserialise_leaves(tmp_path / "nope", LIKE)
+    with (
+        open(path, encoding="latin-1") as f,
+        pytest.raises(tm.CheckpointError, match=r"model.eqx is opened in text mode.*'rb'"),
+    ):
+        tm.tree_deserialise_leaves(f, LIKE)
+    if hasattr(os, "pipe"):  # a pipe cannot seek, which NumPy's .npy reader needs: say so
+        r, w = os.pipe()
+        os.write(w, path.read_bytes())
+        os.close(w)
+        with (
+            os.fdopen(r, "rb") as f,
+            pytest.raises(
+                tm.CheckpointError, match=r"cannot seek \(a pipe.*io.BytesIO\(f.read\(\)\)"
+            ),
+        ):
+            tm.tree_deserialise_leaves(f, LIKE)
+        with io.BytesIO(path.read_bytes()) as f:  # ... and the suggested fix works
+            out = tm.tree_deserialise_leaves(f, LIKE)
+        np.testing.assert_array_equal(np.asarray(out["w"]), np.asarray(TREE["w"]))
+
+
+def test_a_shape_of_more_dimensions_than_an_array_can_have(tmp_path: pathlib.Path) -> None:
+    for ndim, refused in ((safetensors_header.MAX_NDIM, False), (65, True), (3_000_000, True)):
+        text = json.dumps({"x": {"dtype": "U8", "shape": [1] * ndim, "data_offsets": [0, 1]}})
+        raw = _with_header(text.encode(), b"\0")
+        if refused:
+            msg = _error(tmp_path, raw, like={"x": np.zeros(1, np.uint8)}, allow_foreign=True)
+            assert f"tensor 'x' has a shape of {ndim:,} dimensions, more than an array" in msg
+        else:  # NumPy's most: read as the reference reads it
+            assert safetensors_header.parse_header(raw[8:-1])[2]["x"].shape == (1,) * ndim
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"1," * 1_500_000 + b"1", b"[]," * 1_000_000 + b"[]", b'"a",' * 750_000 + b'"a"'],
+    ids=["numbers", "empty lists", "strings"],
+)
+def test_hostile_values_in_ignored_fields_are_parsed_at_json_speed(extra: bytes) -> None:
+    # A field the reference ignores may hold millions of values; each is checked (numbers
+    # within float64, no lone surrogate, depth), at about the cost of parsing the JSON itself
+    # (once ~30 s for 30M numbers, against ~3 s for json.loads).
+    import time
+
+    text = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[' + extra + b"]}}"
+
+    def fastest(run: object) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()  # type: ignore[operator]
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    ours = fastest(lambda: safetensors_header.parse_header(text))
+    plain = fastest(lambda: json.loads(text))
+    assert ours < 4 * plain + 0.05, (ours, plain)
+    bad = text.replace(b"[" + extra[:3], b'["\\ud800",' + extra[:3], 1)  # and still checked
+    with pytest.raises(safetensors_header.HeaderError, match="lone surrogate"):
+        safetensors_header.parse_header(bad)

@@ -41,6 +41,11 @@ import numpy as np
 from treemod._module.state import State
 from treemod._saving.atomic_file import replace_atomically
 from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_read import (
+    CheckpointNotFoundError,
+    check_readable,
+    seekable,
+)
 
 __all__ = [
     "default_deserialise_filter_spec",
@@ -233,10 +238,30 @@ def _with_suffix(path: str | os.PathLike[str]) -> pathlib.Path:
     return path.with_suffix(".eqx") if path.suffix == "" else path
 
 
+def _open(path: str | os.PathLike[str], label: str) -> IO[bytes]:
+    """Open a file to read, with errors that name it (a missing file is also a
+    `FileNotFoundError`, as Equinox raises)."""
+    try:
+        return open(_with_suffix(path), "rb")
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(
+            f"tree_deserialise_leaves: there is no file {label}."
+        ) from None
+    except IsADirectoryError:
+        raise _EquinoxFileError(
+            f"tree_deserialise_leaves: {label} is a directory, not a file in Equinox's format."
+        ) from None
+    except OSError as e:
+        raise _EquinoxFileError(
+            f"tree_deserialise_leaves: cannot open {label}: {e.strerror or e}."
+        ) from e
+
+
 def _label(path_or_file: Any) -> str:
     if isinstance(path_or_file, str | os.PathLike):
         return str(_with_suffix(path_or_file))
-    return f"<{type(path_or_file).__name__}>"
+    name = getattr(path_or_file, "name", None)
+    return name if isinstance(name, str) else f"<{type(path_or_file).__name__}>"
 
 
 def tree_serialise_leaves(
@@ -393,9 +418,16 @@ def tree_deserialise_leaves(
     label = _label(path_or_file)
     with contextlib.ExitStack() as stack:
         if isinstance(path_or_file, str | os.PathLike):
-            f: IO[bytes] = stack.enter_context(open(_with_suffix(path_or_file), "rb"))
+            f: IO[bytes] = stack.enter_context(_open(path_or_file, label))
             whole = True
         else:
+            check_readable(path_or_file, label, "tree_deserialise_leaves")
+            if not seekable(path_or_file):
+                raise _EquinoxFileError(
+                    f"tree_deserialise_leaves: {label} cannot seek (a pipe or a socket?), and "
+                    "Equinox's format is read with seeks (NumPy's .npy reader). Read it into "
+                    "memory first: tree_deserialise_leaves(io.BytesIO(f.read()), like)."
+                )
             f, whole = path_or_file, False
         if slots and slots[0].spec is default_deserialise_filter_spec:
             _check_header(f, label, slots[0])

@@ -12,20 +12,36 @@ last entry, as in the reference.
 Two forms that the reference's deserialiser also takes and no writer produces are refused: an
 entry written as a JSON array `[dtype, shape, offsets]`, and a dtype written as `{"F32": null}`.
 Beyond the reference, a header may hold at most `MAX_TENSORS` entries (counted while parsing,
-so a huge header is rejected without building it).
+so a huge header is rejected without building it), and a shape at most `MAX_NDIM` dimensions
+(NumPy's limit: no array could hold such a tensor). Values the reference ignores (unknown
+fields) are still checked to be JSON it reads, in one pass over their containers; the checks for
+strings and huge numbers run only when the raw header holds a surrogate escape or a long
+run of digits, so a hostile 100 MB header is parsed at JSON speed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from typing import Any, NamedTuple
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_TENSORS", "Entry", "HeaderError", "parse_header"]
+__all__ = ["MAX_HEADER_BYTES", "MAX_NDIM", "MAX_TENSORS", "Entry", "HeaderError", "parse_header"]
 
 MAX_HEADER_BYTES = 100_000_000  # the reference's limit
 MAX_TENSORS = 100_000
+MAX_NDIM = 64  # NumPy's most dimensions
+# What the raw header must hold for a lone surrogate (a `\uD800`-`\uDFFF` escape: UTF-8 text
+# cannot hold one) or a number beyond float64 (an integer of 309 digits, a mantissa of 200
+# digits with an exponent of 2, or an exponent of 3 digits) to be possible.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Digits become "0", exponent letters "e", signs "+" (the rest " "): a number beyond float64
+# shows as 200 "0"s in a row or an exponent of 3 digits ("e000", "e+000"), found at C speed.
+_NUMBER_TABLE = bytes(
+    b"0"[0] if c in b"0123456789" else b"e"[0] if c in b"eE" else b"+"[0] if c in b"+-" else 32
+    for c in range(256)
+)
 _MAX_DEPTH = 127  # serde_json's recursion limit: 127 nested arrays/objects are accepted
 _U64 = 2**64 - 1
 _F64_MAX = int(sys.float_info.max)
@@ -109,22 +125,52 @@ def _check_text(text: str, what: str) -> None:
             raise HeaderError(f"{what} {text!r} holds a lone surrogate (invalid Unicode)") from None
 
 
-def _check_free(value: Any, depth: int, where: str) -> None:
-    """A value the reference ignores must still be JSON it can read."""
-    if isinstance(value, str):
-        _check_text(value, f"{where}: the string")
-        return
-    if type(value) is int and not -_F64_MAX <= value <= _F64_MAX:  # serde reads it as a float
-        raise HeaderError(f"{where} holds an integer out of the float64 range")
-    if not isinstance(value, list | dict):
-        return
-    if depth > _MAX_DEPTH:
-        raise HeaderError(f"{where} is nested more than {_MAX_DEPTH} levels deep")
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for key, item in items:
-        if isinstance(key, str):
-            _check_text(key, f"{where}: the key")
-        _check_free(item, depth + 1, where)
+class _Free:
+    """Checks that values the reference ignores are JSON it reads (see the module docstring).
+
+    `texts`/`numbers`: whether the raw header could hold a lone surrogate or a number beyond
+    float64; without them only the nesting depth is checked.
+    """
+
+    def __init__(self, raw: bytes) -> None:
+        self.texts = b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
+        shapes = raw.translate(_NUMBER_TABLE)
+        self.numbers = b"0" * 200 in shapes or b"e000" in shapes or b"e+000" in shapes
+
+    def check(self, value: Any, depth: int, where: str) -> None:
+        """Raise a `HeaderError` if `value` (found `depth` levels deep) is not readable."""
+        stack = [(value, depth)]
+        while stack:
+            value, depth = stack.pop()
+            if isinstance(value, dict):
+                if self.texts:
+                    for key in value:
+                        _check_text(key, f"{where}: the key")
+                items: Any = value.values()
+            elif isinstance(value, list):
+                items = value
+            else:
+                self._scalars([value], {type(value)}, where)
+                continue
+            if depth > _MAX_DEPTH:
+                raise HeaderError(f"{where} is nested more than {_MAX_DEPTH} levels deep")
+            kinds = set(map(type, items))
+            self._scalars(items, kinds, where)
+            if list in kinds or dict in kinds or _Object in kinds:
+                if depth + 1 > _MAX_DEPTH:
+                    raise HeaderError(f"{where} is nested more than {_MAX_DEPTH} levels deep")
+                # Empty ones need nothing more (their depth was just checked).
+                stack.extend((v, depth + 1) for v in items if v and isinstance(v, list | dict))
+
+    def _scalars(self, items: Any, kinds: set[type], where: str) -> None:
+        if self.texts and str in kinds:
+            for item in items:
+                if type(item) is str:
+                    _check_text(item, f"{where}: the string")
+        if self.numbers and int in kinds:
+            for item in items:  # serde reads an integer beyond u64 as a float
+                if type(item) is int and not -_F64_MAX <= item <= _F64_MAX:
+                    raise HeaderError(f"{where} holds an integer out of the float64 range")
 
 
 def _too_many() -> str:
@@ -134,7 +180,7 @@ def _too_many() -> str:
     )
 
 
-def _decode(raw: bytes) -> Any:
+def _decode(raw: bytes, free: _Free) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -157,7 +203,7 @@ def _decode(raw: bytes) -> Any:
             text,
             object_pairs_hook=hook,
             parse_int=_int if "-0" in text else None,  # "-0": the one divergence below u64
-            parse_float=_float,
+            parse_float=_float if free.numbers else None,  # else no number can overflow
             parse_constant=_constant,
         )
     except _TooMany:
@@ -184,7 +230,7 @@ def _sizes(value: Any) -> bool:
     return True
 
 
-def _entry(name: str, value: Any) -> Entry:
+def _entry(name: str, value: Any, free: _Free) -> Entry:
     if type(value) is dict and len(value) == 3:  # the common case: exactly the three fields
         code: Any = value.get("dtype")
         shape: Any = value.get("shape")
@@ -192,6 +238,8 @@ def _entry(name: str, value: Any) -> Entry:
         if (
             code.__class__ is str
             and code in _BITS
+            and type(shape) is list
+            and len(shape) <= MAX_NDIM
             and _sizes(shape)
             and _sizes(offsets)
             and len(offsets) == 2
@@ -209,13 +257,18 @@ def _entry(name: str, value: Any) -> Entry:
             seen.add(key)
         else:
             _check_text(key, f"{bad} has a field")
-            _check_free(item, 3, f"{bad}, field {key!r},")
+            free.check(item, 3, f"{bad}, field {key!r},")
     missing = [f for f in _FIELDS if f not in seen]
     if missing:
         raise HeaderError(f"{bad} has no {missing[0]!r}")
     code, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if not isinstance(code, str) or code not in _BITS:
         raise HeaderError(f"{bad} has an unknown dtype {code!r}")
+    if isinstance(shape, list) and len(shape) > MAX_NDIM:
+        raise HeaderError(
+            f"{bad} has a shape of {len(shape):,} dimensions, more than an array can have "
+            f"({MAX_NDIM})"
+        )
     if not isinstance(shape, list) or not all(_usize(d) for d in shape):
         raise HeaderError(f"{bad} has an invalid shape {shape!r} (a list of sizes >= 0)")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_usize, offsets)):
@@ -257,7 +310,8 @@ def parse_header(raw: bytes) -> tuple[dict[str, Any], dict[str, str], dict[str, 
         The raw tensor table (name -> entry object, as written), the metadata, the validated
         entries, and the number of data bytes the tensors cover.
     """
-    top = _decode(raw)
+    free = _Free(raw)
+    top = _decode(raw, free)
     if not isinstance(top, dict):
         raise HeaderError(f"its header is not a JSON object (it is {type(top).__name__})")
     pairs = top.pairs if isinstance(top, _Object) and top.pairs else top.items()
@@ -273,7 +327,7 @@ def parse_header(raw: bytes) -> tuple[dict[str, Any], dict[str, str], dict[str, 
         else:
             if not name.isascii():
                 _check_text(name, "a tensor name")
-            entries[name] = _entry(name, value)  # a repeated name keeps its last entry
+            entries[name] = _entry(name, value, free)  # a repeated name keeps its last entry
     if len(entries) > MAX_TENSORS:
         raise HeaderError(_too_many())
     end = 0

@@ -32,7 +32,7 @@ from treemod._saving.safetensors_write import (
     storage,
 )
 
-__all__ = ["Reader", "open_checkpoint"]
+__all__ = ["Reader", "check_readable", "open_checkpoint", "seekable"]
 
 _CHUNK = 1 << 24
 
@@ -71,7 +71,8 @@ def _sniff(first: bytes) -> str:
     return ""
 
 
-def _seekable(f: Any) -> bool:
+def seekable(f: Any) -> bool:
+    """Whether the file object `f` can seek (a pipe or a socket cannot)."""
     try:
         return bool(f.seekable()) if hasattr(f, "seekable") else True
     except (OSError, ValueError):
@@ -88,8 +89,8 @@ class Reader:
     def __init__(self, f: IO[bytes], label: str, whole_file: bool, allow_foreign: bool):
         self.f = f
         self.label = label
-        seekable = _seekable(f)
-        start = f.tell() if seekable else 0
+        can_seek = seekable(f)
+        start = f.tell() if can_seek else 0
         first = self._read(8)
         if len(first) < 8:
             raise CheckpointError(
@@ -97,7 +98,7 @@ class Reader:
                 "for a header (the file is empty or truncated)."
             )
         (n,) = struct.unpack("<Q", first)
-        if seekable:
+        if can_seek:
             f.seek(0, os.SEEK_END)
             size = f.tell() - start
             f.seek(start + 8)
@@ -123,7 +124,7 @@ class Reader:
             table, meta, entries, end = parse_header(raw)
         except HeaderError as e:
             raise CheckpointError(f"{label} is corrupted or not a checkpoint: {e}.") from None
-        if seekable:
+        if can_seek:
             self.data_start = start + 8 + n
             self.data_size = size - 8 - n
         else:  # read the data now, once: a pipe cannot seek back to it
@@ -284,6 +285,35 @@ class Reader:
         return array
 
 
+def check_readable(source: Any, label: str, caller: str) -> None:
+    """Refuse, naming the file, a file object that cannot be read as a binary checkpoint:
+    text mode, closed, not open for reading, or not a file at all."""
+    if isinstance(source, io.TextIOBase):
+        raise CheckpointError(
+            f"{caller}: {label} is opened in text mode; checkpoints are binary: open it with "
+            "open(path, 'rb')."
+        )
+    if not hasattr(source, "read"):
+        hint = " (checkpoint bytes in memory: wrap them, io.BytesIO(data))" * isinstance(
+            source, bytes | bytearray | memoryview
+        )
+        raise TypeError(
+            f"{caller}: expected a path or a binary file opened for reading, got "
+            f"{type(source).__name__}{hint}."
+        )
+    if getattr(source, "closed", False):
+        raise CheckpointError(f"{caller}: {label} is closed; open it again to read from it.")
+    readable = getattr(source, "readable", None)
+    try:
+        ok = readable() if callable(readable) else True
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise CheckpointError(
+            f"{caller}: {label} is not open for reading; open it with open(path, 'rb')."
+        )
+
+
 @contextmanager
 def open_checkpoint(
     source: str | os.PathLike[str] | IO[bytes], allow_foreign: bool
@@ -305,16 +335,7 @@ def open_checkpoint(
         with f:
             yield Reader(f, label, whole_file=True, allow_foreign=allow_foreign)
     else:
-        if isinstance(source, io.TextIOBase):
-            raise CheckpointError(
-                f"load: {label} is opened in text mode; checkpoints are binary: open it with "
-                "open(path, 'rb')."
-            )
-        if not hasattr(source, "read"):
-            raise TypeError(
-                f"load: expected a path or a binary file opened for reading, got "
-                f"{type(source).__name__}."
-            )
+        check_readable(source, label, "load")
         reader = Reader(source, label, whole_file=False, allow_foreign=allow_foreign)
         yield reader
         if reader.f is source:
