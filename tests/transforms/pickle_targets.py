@@ -126,3 +126,14 @@ def grad_through(function, x):  # type: ignore[no-untyped-def]
 def make_model() -> Affine:
     k1, k2 = jax.random.split(jax.random.key(0))
     return Affine(jax.random.normal(k1, (3, 2)), jax.random.normal(k2, (3,)))
+
+
+def make_sequential() -> tm.nn.Sequential:
+    """The usual model: layers and bare JAX functions (custom_jvp, jit-wrapped) in a tuple."""
+    k1, k2 = jax.random.split(jax.random.key(1))
+    layers = [tm.nn.Linear(2, 4, key=k1), tm.nn.BatchNorm(4), jax.nn.relu, jnp.tanh]
+    return tm.nn.Sequential([*layers, tm.nn.Linear(4, 1, key=k2)])
+
+
+def infer(model: tm.Module, x: jax.Array) -> jax.Array:
+    return tm.nn.inference_mode(model)(x)

@@ -48,6 +48,25 @@ def test_modules_pickle_by_value() -> None:
     assert type(restored) is targets.Affine and tm.tree_equal(restored, model)
 
 
+def test_a_sequential_of_layers_and_jax_functions_crosses_processes() -> None:
+    # jax.nn.relu (a custom_jvp) and jnp.tanh (jit-wrapped) do not pickle by themselves; inside
+    # a module they go by name, also within a field's tuple (Sequential's layers).
+    model = targets.make_sequential()
+    x = jnp.array([[0.5, -1.0], [2.0, 0.25]])
+    restored = pickle.loads(pickle.dumps(model))
+    assert restored.layers[2] is jax.nn.relu and restored.layers[3] is jnp.tanh
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        result = pool.apply(targets.infer, (model, x))
+    # Reference: the same computation written out with plain JAX on the model's arrays.
+    first, norm, last = model.layers[0], model.layers[1], model.layers[4]
+    h = x @ first.weight.T + first.bias[None]
+    h = (h - norm.running_mean.value[None]) / jnp.sqrt(norm.running_var.value[None] + norm.eps)
+    h = jnp.tanh(jax.nn.relu(h * norm.weight[None] + norm.bias[None]))
+    expected = h @ last.weight.T + last.bias[None]
+    np.testing.assert_allclose(result, expected, rtol=1e-6, atol=1e-6)
+
+
 def _expected(model: targets.Affine, x: jax.Array, xs: jax.Array) -> list:
     grads = jax.grad(targets.loss)(model, x)
     return [

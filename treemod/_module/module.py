@@ -441,8 +441,9 @@ class Module(metaclass=_ModuleMeta):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Field values that JAX wraps (`jax.nn.relu`, `jnp.tanh`) do not pickle by themselves;
-        # they are pickled by name instead. Unpickling never calls `__init__`.
-        return _rebuild, (type(self), {k: _by_name(v) for k, v in self.__dict__.items()})
+        # they are pickled by name instead, also inside a field's tuples, lists and dicts
+        # (`Sequential([..., jax.nn.relu])`). Unpickling never calls `__init__`.
+        return _rebuild, (type(self), {k: _by_name_within(v) for k, v in self.__dict__.items()})
 
     def __repr__(self) -> str:
         return tree_pformat(self)
@@ -472,6 +473,16 @@ def _load_by_name(module: str, qualname: str) -> Any:
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _by_name_within(value: Any) -> Any:
+    """`_by_name` of `value` and of the items of the plain tuples, lists and dicts in it."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(map(_by_name_within, value))
+    if kind is dict:
+        return {k: _by_name_within(v) for k, v in value.items()}
+    return _by_name(value)
 
 
 def _by_name(value: Any) -> Any:
