@@ -60,8 +60,9 @@ from treemod._transforms.closure_convert import filter_closure_convert
 from treemod._transforms.caches import clear_caches
 from treemod._transforms.vmap import filter_vmap, if_array
 
-# Shape checks.
-from treemod._shapecheck.checker import ShapeCheckError, shapecheck
+# Shape checks. `ShapeCheckError` is made at its first lookup (it subclasses jaxtyping's error,
+# and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.
+from treemod._shapecheck.checker import shapecheck
 from treemod._shapecheck.config import (
     ShapeCheckerError,
     set_shape_checks,
@@ -80,11 +81,13 @@ from treemod._saving.equinox_format import (
 )
 
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`. It is
-# imported at the first `tm.nn` (a third of `import treemod`'s time), not here.
+# imported at the first `tm.nn` (a third of `import treemod`'s time), not here; likewise
+# `ShapeCheckError` (with jaxtyping, half of what remained) at its first lookup (PEP 562).
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from . import nn as nn
+    from treemod._shapecheck.checker import ShapeCheckError as ShapeCheckError
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -92,7 +95,16 @@ def __getattr__(name: str) -> _typing.Any:
         import importlib
 
         return importlib.import_module("treemod.nn")
+    if name == "ShapeCheckError":
+        from treemod._shapecheck import checker
+
+        error = globals()[name] = checker.ShapeCheckError
+        return error
     raise AttributeError(f"module 'treemod' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "nn", "ShapeCheckError"})
 
 
 __version__ = "0.1.0"

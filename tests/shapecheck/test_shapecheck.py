@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jaxtyping import Array, Float, Int, PyTree
 
 import treemod as tm
-from treemod._shapecheck import checker as _shapecheck
+from treemod._shapecheck import engine as _shapecheck
 
 # ---------------------------------------------------------------------------- test modules
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
-import wadler_lindig as wl
 
 from treemod._format.describe import describe_array
 from treemod._tree.filters import is_array
 from treemod._tree.module_marker import is_module
+
+if TYPE_CHECKING:
+    import wadler_lindig as wl
+
+# wadler_lindig is imported by the functions that print (the first repr of a module), not at
+# `import treemod`, a fifth of whose time it was.
 
 __all__ = ["tree_pformat", "tree_pprint", "tree_summary"]
 
@@ -24,6 +29,8 @@ def _is_arraylike_leaf(x: Any) -> bool:
 
 
 def _array_doc(x: Any) -> wl.AbstractDoc:
+    import wadler_lindig as wl
+
     return wl.TextDoc(describe_array(x.shape, x.dtype))
 
 
@@ -35,6 +42,7 @@ def _custom(
     truncate_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     """The `custom` hook for wadler_lindig: array summaries, and long containers elided."""
+    import wadler_lindig as wl
 
     def pdoc(obj: Any) -> wl.AbstractDoc:
         return wl.pdoc(obj, custom=custom, short_arrays=short_arrays, indent=indent)
@@ -106,6 +114,8 @@ def tree_pformat(
     """
     if max_items < 3:
         raise ValueError(f"tree_pformat: max_items must be at least 3, got {max_items}.")
+    import wadler_lindig as wl
+
     custom = _custom(max_items, indent, short_arrays, struct_as_array, truncate_leaf)
     return wl.pformat(pytree, width=width, indent=indent, custom=custom, short_arrays=short_arrays)
 
@@ -131,6 +141,8 @@ def _children(node: Any) -> list[tuple[str, Any]]:
 
 def _type_name(node: Any) -> str:
     if _is_arraylike_leaf(node):
+        import wadler_lindig as wl
+
         return wl.pformat(_array_doc(node))
     if isinstance(node, list | tuple | dict) and not is_module(node):
         return f"{type(node).__name__}[{len(node)}]"

@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import wadler_lindig as wl
 
 from treemod._module.module import Module, field
 from treemod._transforms.error_if import branched_error_if
@@ -58,6 +57,8 @@ class EnumerationItem(Module):
         return f"{cls.__module__}.{cls.__qualname__}<{cls[self]}>"
 
     def __pdoc__(self, **kwargs: Any) -> Any:
+        import wadler_lindig as wl  # not at import treemod: only printing needs it
+
         return wl.TextDoc(repr(self))
 
     def is_traced(self) -> bool:

@@ -1,22 +1,22 @@
 """Reading jaxtyping annotations: which ones to check, their dimension names, how to print them.
 
-This file imports only jaxtyping and the standard library, so the bottom-layer hook can use it
-while classes are being created.
+This file imports only the standard library and NumPy, so the bottom-layer hook can use it while
+classes are being created. It never imports jaxtyping: it reads jaxtyping's types from
+`sys.modules` once jaxtyping has been imported by someone else. Until then no annotation can
+be a jaxtyping one, so `contains_jaxtyping` answers `False` without looking further.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
-import jaxtyping
 import numpy as np
 
-_AbstractArray: Any = jaxtyping.AbstractArray
-_PyTreeMeta = type(jaxtyping.PyTree[int])
 _UNION_TYPES = (typing.Union, types.UnionType)
 # A string annotation that fails to resolve is reported (not skipped) when it looks like a
 # jaxtyping array annotation: a subscript holding a quoted dimension string.
@@ -27,18 +27,41 @@ class UnresolvedAnnotation(Exception):
     """A string annotation whose names could not be found."""
 
 
+# jaxtyping's (module, AbstractArray, the metaclass of PyTree[...]), once jaxtyping is imported.
+_JAXTYPING: tuple[Any, Any, Any] | None = None
+
+
+def _jaxtyping() -> tuple[Any, Any, Any] | None:
+    """jaxtyping's types if it has been imported (by anyone), else `None`; never imports it."""
+    global _JAXTYPING
+    if _JAXTYPING is None:
+        module = sys.modules.get("jaxtyping")
+        if module is None or not hasattr(module, "PyTree"):  # absent, or still importing
+            return None
+        _JAXTYPING = (module, module.AbstractArray, type(module.PyTree[int]))
+    return _JAXTYPING
+
+
 def is_array_annotation(ann: Any) -> bool:
     """Whether `ann` is a jaxtyping array type such as `Float[Array, "n"]`."""
-    return isinstance(ann, type) and issubclass(ann, _AbstractArray) and ann is not _AbstractArray
+    found = _JAXTYPING or _jaxtyping()
+    if found is None:
+        return False
+    abstract = found[1]
+    return isinstance(ann, type) and issubclass(ann, abstract) and ann is not abstract
 
 
 def contains_jaxtyping(ann: Any, _depth: int = 0) -> bool:
-    """Whether `ann` is, or contains, a jaxtyping array or `PyTree[...]` annotation."""
-    if _depth > 20 or isinstance(ann, str | typing.ForwardRef):
+    """Whether `ann` is, or contains, a jaxtyping array or `PyTree[...]` annotation.
+
+    `False` while jaxtyping has not been imported: no annotation can then be one of its types.
+    """
+    found = _JAXTYPING or _jaxtyping()
+    if found is None or _depth > 20 or isinstance(ann, str | typing.ForwardRef):
         return False
     if is_array_annotation(ann):
         return True
-    if isinstance(ann, _PyTreeMeta) and ann is not jaxtyping.PyTree:
+    if isinstance(ann, found[2]) and ann is not found[0].PyTree:
         return True
     return any(contains_jaxtyping(a, _depth + 1) for a in typing.get_args(ann))
 
@@ -68,7 +91,8 @@ def _array_type_name(array_type: Any) -> str:
         return "Any"
     if array_type is np.ndarray:
         return "np.ndarray"
-    if array_type is jaxtyping.Array:
+    found = _JAXTYPING or _jaxtyping()
+    if found is not None and array_type is found[0].Array:
         return "Array"
     name = str(getattr(array_type, "__name__", repr(array_type)))
     return name.rsplit(".", 1)[-1]
@@ -91,7 +115,8 @@ def format_annotation(ann: Any, _depth: int = 0) -> str:
         return " | ".join(format_annotation(a, _depth + 1) for a in args)
     if origin is typing.Annotated:
         return format_annotation(args[0], _depth + 1)
-    if isinstance(ann, _PyTreeMeta):
+    found = _JAXTYPING or _jaxtyping()
+    if found is not None and isinstance(ann, found[2]):
         leaf = format_annotation(getattr(ann, "leaftype", Any), _depth + 1)
         structure = getattr(ann, "structure", None)
         return f"PyTree[{leaf}{'' if structure is None else f', {structure!r}'}]"

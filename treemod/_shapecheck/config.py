@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from jaxtyping import Float
-from jaxtyping._storage import pop_shape_memo, push_shape_memo
 
 __all__ = ["set_shape_checks", "shape_checks", "shape_checks_enabled"]
 
@@ -226,6 +224,10 @@ _VERIFIED: set[str] = set()
 
 def _probe(check: Callable[[str, Any, Any], str]) -> bool:
     """A known-good value passes and a known-bad one (mismatched dims in a tuple) is caught."""
+    # Imported here, not at import treemod (see README.md, "Loading jaxtyping when needed").
+    from jaxtyping import Float
+    from jaxtyping._storage import pop_shape_memo, push_shape_memo
+
     annotation = tuple[Float[np.ndarray, "n"], Float[np.ndarray, "n"]]  # noqa: F821
     good = (np.zeros(2, np.float32), np.zeros(2, np.float32))
     bad = (np.zeros(2, np.float32), np.zeros(3, np.float32))

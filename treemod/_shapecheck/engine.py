@@ -1,0 +1,370 @@
+"""The shape checks themselves: `ShapeCheckError`, the analysis of annotated fields and calls,
+and the checks, on jaxtyping's machinery.
+
+This is the only file here that imports jaxtyping at module level, and nothing imports it at
+`import treemod`: `checker.py` loads it at the first class or call that has a jaxtyping
+annotation (jaxtyping is then already imported, by whoever wrote the annotation), at the first
+`shapecheck`-decorated call, or at the first `ShapeCheckError` looked up. See README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jaxtyping
+from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
+
+from treemod._format.describe import describe_value
+from treemod._shapecheck.annotations import (
+    UnresolvedAnnotation,
+    contains_jaxtyping,
+    dim_names,
+    format_annotation,
+    function_annotations,
+    is_array_annotation,
+)
+from treemod._shapecheck.array_checker import (
+    array_checker,
+    cacheable_fields,
+    call_key,
+    call_plan,
+    remember,
+    return_key,
+)
+from treemod._shapecheck.checker import _name, _unresolved, field_spec
+from treemod._shapecheck.config import (
+    _OVERRIDE,
+    BACKENDS,
+    current,
+    enabled_for,
+    ensure_checker,
+)
+from treemod._tree.module_marker import is_module_class
+
+__all__ = ["ShapeCheckError"]
+
+_UNION_TYPES = (typing.Union, type(int | None))
+
+
+class ShapeCheckError(jaxtyping.TypeCheckError):
+    """A value does not match its jaxtyping annotation (dtype, rank or dimension sizes).
+
+    The message names the module class and field (or the function and argument), the expected
+    annotation with the dimension sizes bound so far and what bound them, and the value found.
+    It subclasses `jaxtyping.TypeCheckError` (a `TypeError`). A note (shown in tracebacks, not
+    part of `str(error)`) says how to switch the checks off.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> from jaxtyping import Array, Float
+        >>> class Affine(tm.Module):
+        ...     weight: Float[Array, "out in"]
+        ...     bias: Float[Array, " out"]
+        >>> try:
+        ...     Affine(jnp.zeros((64, 32)), jnp.zeros(32))
+        ... except tm.ShapeCheckError as e:
+        ...     print(e)
+        Affine.bias: expected Float[Array, 'out'] with out=64 (bound by Affine.weight), got f32[32]
+          reason: the size of dimension out is 32 which does not equal the existing value of 64
+          other dimensions bound so far: in=32 (bound by Affine.weight)
+        >>> try:
+        ...     Affine(jnp.zeros((64, 32)), jnp.zeros(32))
+        ... except tm.ShapeCheckError as e:
+        ...     print(e.__notes__[0])
+        Shape checks can be switched off: treemod.set_shape_checks(False) ...
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.add_note(
+            "Shape checks can be switched off: treemod.set_shape_checks(False) (or "
+            "TREEMOD_SHAPE_CHECKS=0), `with treemod.shape_checks(False):` around a block, or "
+            "per class with `class Model(treemod.Module, shapecheck=False)`. Classes defined "
+            "against treemod.compat.equinox.Module (Equinox code) have them off unless they "
+            "pass shapecheck=True."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    name: str
+    annotation: Any
+    text: str
+    dims: tuple[str, ...]
+    kind: Any = None  # inspect.Parameter kind, for arguments
+    fast: Callable[[Any], bool] | None = None  # a fast check of common array annotations
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallSpec:
+    signature: inspect.Signature
+    params: tuple[_Entry, ...]
+    ret: _Entry | None
+    is_method: bool  # the first parameter is `self`
+    bind_fields: bool  # bind the dimensions of `self`'s fields first (not in `__init__`)
+    # The per-signature check cache (array_checker.call_key): where the checked arguments
+    # are (`None`: not cacheable), and the signatures that passed, with the dims they bound.
+    plan: tuple[tuple[str, int | None], ...] | None = None
+    passed: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+def make_entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
+    """A checked field, argument or return value: its annotation, printed form, dimensions."""
+    text = format_annotation(annotation)
+    return _Entry(name, annotation, text, dim_names(annotation), kind, array_checker(annotation))
+
+
+# ------------------------------------------------------------------------------ analysis
+
+
+def analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) -> _CallSpec | bool:
+    """What a call of `fn` checks (`False`: nothing); `annotations` resolved already, or `None`."""
+    if annotations is None:
+        try:
+            annotations = function_annotations(fn)
+        except UnresolvedAnnotation as e:
+            raise _unresolved(_name(fn), fn.__annotations__, e) from None
+    signature = inspect.signature(fn)
+    params = tuple(
+        make_entry(name, annotations[name], p.kind)
+        for name, p in signature.parameters.items()
+        if contains_jaxtyping(annotations.get(name))
+    )
+    ret = (
+        make_entry("return", annotations["return"])
+        if contains_jaxtyping(annotations.get("return"))
+        else None
+    )
+    if not params and ret is None:
+        return False
+    is_method = next(iter(signature.parameters), None) == "self"
+    return _CallSpec(
+        signature,
+        params,
+        ret,
+        is_method,
+        is_method and getattr(fn, "__name__", "") != "__init__",
+        call_plan(signature, params, ret),
+    )
+
+
+# ------------------------------------------------------------------------------ checking
+
+
+def _check_value(annotation: Any, value: Any, name: str, checker: str) -> str:
+    """`""` if `value` matches (binding dimensions in the current memo), else a reason."""
+    if is_array_annotation(annotation):
+        reason: str = type(annotation).__instancecheck_str__(annotation, value)
+        return reason
+    if typing.get_origin(annotation) in _UNION_TYPES:
+        reasons = []
+        for member in typing.get_args(annotation):
+            reason = _check_value(member, value, name, checker)
+            if not reason:
+                return ""
+            if reason not in reasons:
+                reasons.append(reason)
+        return "; ".join(reasons)
+    if annotation is None or annotation is type(None):
+        return "" if value is None else "the value is not None"
+    return BACKENDS[checker](name, value, annotation)
+
+
+def _bound_dims() -> dict[str, str]:
+    single, variadic, _, _ = get_shape_memo()
+    out = {k: str(v) for k, v in single.items() if not k.startswith("~~")}
+    out.update({"*" + k: str(v[1]) for k, v in variadic.items() if not k.startswith("~~")})
+    return out
+
+
+def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str]) -> str:
+    groups: list[tuple[str, list[str]]] = []
+    for name in names:
+        who = binders.get(name, "?")
+        if groups and groups[-1][0] == who:
+            groups[-1][1].append(f"{name}={bound[name]}")
+        else:
+            groups.append((who, [f"{name}={bound[name]}"]))
+    return ", ".join(f"{', '.join(items)} (bound by {who})" for who, items in groups)
+
+
+def _check(
+    entry: _Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str
+) -> None:
+    if entry.fast is not None and entry.fast(value):
+        reason = ""
+    else:
+        reason = _check_value(entry.annotation, value, entry.name, checker)
+    if not reason:
+        # Dimensions bound for the first time were bound by this value.
+        single, variadic, _, _ = get_shape_memo()
+        for name in single:
+            if name not in binders:
+                binders[name] = who
+        for name in variadic:
+            if "*" + name not in binders:
+                binders["*" + name] = who
+        return
+    after = _bound_dims()
+    relevant = [n for n in entry.dims if n in after]
+    others = [n for n in after if n not in relevant]
+    message = f"{where}: expected {entry.text}"
+    if relevant:
+        message += f" with {_format_dims(relevant, after, binders)}"
+    message += f", got {describe_value(value)}"
+    message += f"\n  reason: {reason}"
+    if others:
+        message += f"\n  other dimensions bound so far: {_format_dims(others, after, binders)}"
+    raise ShapeCheckError(message)
+
+
+def _is_placeholder(value: Any) -> bool:
+    """A non-array stand-in (None, a bool of a filter spec, a ShapeDtypeStruct, a sentinel)."""
+    leaves = jax.tree_util.tree_leaves(value)
+    return not leaves or not all(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+def _check_fields_into(
+    module: Any,
+    spec: tuple[_Entry, ...],
+    binders: dict[Any, Any],
+    checker: str,
+    strict: bool,
+    suffix: str,
+) -> None:
+    owner = _name(type(module))
+    values = module.__dict__
+    for entry in spec:
+        value = values.get(entry.name)
+        if not strict and _is_placeholder(value):
+            continue
+        label = f"{owner}.{entry.name}"
+        _check(entry, value, label + suffix, label, binders, checker)
+
+
+def check_spec(module: Any, spec: tuple[_Entry, ...], constructing: bool) -> None:
+    """Check `module`'s annotated fields `spec` against each other (`checker.check_fields`)."""
+    checker = current()[1]
+    ensure_checker(checker)
+    push_shape_memo(dict(module.__dict__))
+    try:
+        _check_fields_into(module, spec, {}, checker, constructing, "")
+    finally:
+        pop_shape_memo()
+
+
+def _items(entry: _Entry, value: Any) -> list[tuple[str, Any]]:
+    if entry.kind is inspect.Parameter.VAR_POSITIONAL:
+        return [(f"{entry.name}[{i}]", v) for i, v in enumerate(value)]
+    if entry.kind is inspect.Parameter.VAR_KEYWORD:
+        return [(f"{entry.name}[{k!r}]", v) for k, v in value.items()]
+    return [(entry.name, value)]
+
+
+def run_checked_call(
+    fn: Callable[..., Any], state: list[Any], args: tuple[Any, ...], kwargs: dict[Any, Any]
+) -> Any:
+    """Call `fn`, checking its annotated arguments and return value (`wrap_checked`'s calls)."""
+    spec = state[0]
+    force = state[1]
+    if spec is None:
+        spec = state[0] = analyse_call(fn, state[2])
+    owner = type(args[0]) if args else None
+    if not is_module_class(owner) or spec is False or not spec.is_method:
+        owner = None
+    if not (force or enabled_for(owner)):
+        return fn(*args, **kwargs)
+    checker = current()[1]
+    ensure_checker(checker)
+    token = _OVERRIDE.set((True, checker)) if force else None
+    try:
+        if spec is False:
+            return fn(*args, **kwargs)
+        key = _signature_of(spec, owner, args, kwargs)
+        if key is not None and key in spec.passed:
+            return _call_seen(fn, spec, owner, key, args, kwargs, checker)
+        try:
+            bound = spec.signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # let Python report the bad call
+        where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
+        binders: dict[str, str] = {}
+        push_shape_memo(bound.arguments)
+        try:
+            if owner is not None and spec.bind_fields:
+                fields = field_spec(owner)
+                if fields:
+                    suffix = f" (checked when calling {where})"
+                    _check_fields_into(args[0], fields, binders, checker, True, suffix)
+            for entry in spec.params:
+                if entry.name in bound.arguments:
+                    for label, value in _items(entry, bound.arguments[entry.name]):
+                        who = f"argument {label}"
+                        _check(entry, value, f"{where} {who}", who, binders, checker)
+            if key is not None:
+                single, variadic, _, _ = get_shape_memo()
+                remember(spec.passed, key, (dict(single), dict(variadic), dict(binders)))
+            out = fn(*args, **kwargs)
+            if spec.ret is not None:
+                _check(spec.ret, out, f"{where} return value", "return value", binders, checker)
+                out_key = None if key is None else return_key(key, out)
+                if out_key is not None:
+                    remember(spec.passed, out_key, None)
+            return out
+        finally:
+            pop_shape_memo()
+    finally:
+        if token is not None:
+            _OVERRIDE.reset(token)
+
+
+def _signature_of(
+    spec: _CallSpec, owner: type | None, args: tuple[Any, ...], kwargs: dict[Any, Any]
+) -> Any:
+    """The call's key in the per-signature check cache, or `None` (see `array_checker`)."""
+    if spec.plan is None:
+        return None
+    fields: tuple[str, ...] = ()
+    if owner is not None and spec.bind_fields:
+        names = cacheable_fields(owner, field_spec(owner))
+        if names is None:
+            return None
+        fields = names
+    return call_key(spec.plan, owner, fields, args, kwargs)
+
+
+def _call_seen(
+    fn: Callable[..., Any],
+    spec: _CallSpec,
+    owner: type | None,
+    key: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[Any, Any],
+    checker: str,
+) -> Any:
+    """Call `fn` whose arguments have this signature and passed their checks before; check
+    the return value only if its own signature has not passed with them."""
+    out = fn(*args, **kwargs)
+    if spec.ret is None:
+        return out
+    out_key = return_key(key, out)
+    if out_key is not None and out_key in spec.passed:
+        return out
+    single, variadic, binders = spec.passed[key]
+    where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
+    push_shape_memo(spec.signature.bind(*args, **kwargs).arguments)
+    try:
+        memo = get_shape_memo()
+        memo[0].update(single)
+        memo[1].update(variadic)
+        _check(spec.ret, out, f"{where} return value", "return value", dict(binders), checker)
+    finally:
+        pop_shape_memo()
+    if out_key is not None:
+        remember(spec.passed, out_key, None)
+    return out
