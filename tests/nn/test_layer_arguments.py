@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import treemod as tm
 from treemod import nn
 
 K = jax.random.key(0)
@@ -116,6 +117,35 @@ def test_keys_must_be_prng_keys(owner: str, make: Callable, bad: Any) -> None:
         make(bad)
     msg = str(e.value)
     assert msg.startswith(f"{owner}: `key` must be a PRNG key") and "jax.random.key(" in msg
+
+
+@pytest.mark.parametrize("owner, make", KEYED, ids=[o for o, _ in KEYED])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (jax.random.split(jax.random.key(0), 2), "must be one PRNG key, got an array of keys"),
+        (jax.random.split(jax.random.PRNGKey(0), 2), "uint32 array of shape (2, 2)"),
+        (jnp.zeros(5, jnp.uint32), "uint32 array of shape (5,)"),
+        (jnp.uint32(7), "uint32 array of shape ()"),
+    ],
+    ids=["typed batch", "raw batch", "u32[5]", "u32 scalar"],
+)
+def test_a_batch_of_keys_or_misshapen_key_data_is_refused(
+    owner: str, make: Callable, bad: Any, says: str
+) -> None:
+    with pytest.raises(TypeError) as e:
+        make(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{owner}: `key` ") and says in msg, msg
+    assert "jax.random.key(0)" in msg or f"filter_vmap(lambda k: {owner}(" in msg
+
+
+def test_layers_built_per_key_under_filter_vmap_still_work() -> None:
+    keys = jax.random.split(jax.random.key(0), 3)
+    ensemble = tm.filter_vmap(lambda k: nn.Linear(3, 4, key=k))(keys)
+    for i in range(3):  # each member is the layer built from its key alone
+        one = nn.Linear(3, 4, key=keys[i])
+        assert jnp.array_equal(ensemble.weight[i], one.weight)
 
 
 @pytest.mark.parametrize("owner, make", KEYED, ids=[o for o, _ in KEYED])

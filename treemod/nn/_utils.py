@@ -32,21 +32,43 @@ def default_dtype(owner: str, dtype: Any, complex_ok: bool = False) -> Any:
 
 
 def require_key(owner: str, key: Any) -> None:
-    """Raise a clear error when a layer constructor got no key, or something else than a key."""
+    """Raise a clear error, naming the layer, when a constructor got no key, or something else
+    than one PRNG key: a seed, a float array, a batch of keys, raw key data of the wrong shape."""
     if key is None:
         raise TypeError(
             f"{owner} needs a PRNG key to initialise its parameters: pass `key=jax.random.key(0)` "
             "(or a subkey, e.g. from `treemod.nn.KeySeq`)."
         )
     dtype = getattr(key, "dtype", None)
-    if dtype is None or not (
-        jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or dtype == np.uint32
-    ):
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    if dtype is None or not (typed or dtype == np.uint32):
         what = f"an array of dtype {dtype}" if dtype is not None else repr(key)
         raise TypeError(
             f"{owner}: `key` must be a PRNG key, got {what}. Pass `key=jax.random.key(0)` "
             "(a seed becomes a key with jax.random.key(seed))."
         )
+    shape = tuple(np.shape(key))
+    if typed and shape != ():
+        raise TypeError(
+            f"{owner}: `key` must be one PRNG key, got an array of keys of shape {shape}. Pass "
+            f"one of them (keys[0]); to build one {owner} per key, map the constructor: "
+            f"treemod.filter_vmap(lambda k: {owner}(..., key=k))(keys)."
+        )
+    if not typed:
+        impl = str(getattr(jax.config, "jax_default_prng_impl", "threefry2x32"))
+        want = _raw_key_shape(impl)
+        if shape != want:
+            raise TypeError(
+                f"{owner}: `key` is a uint32 array of shape {shape}, but raw key data of the "
+                f"default PRNG ({impl}) has shape {want} (a batch of keys or another PRNG's "
+                "data?). Pass one key, `key=jax.random.key(0)`."
+            )
+
+
+@functools.cache
+def _raw_key_shape(impl: str) -> tuple[int, ...]:
+    """The shape of one raw (uint32) key of the PRNG implementation `impl`."""
+    return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
 
 
 def check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
