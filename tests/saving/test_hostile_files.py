@@ -8,7 +8,9 @@ by key path, never silently dropped.
 
 from __future__ import annotations
 
+import decimal
 import enum
+import fractions
 import io
 import json
 import os
@@ -359,3 +361,18 @@ def test_hostile_values_in_ignored_fields_are_parsed_at_json_speed(extra: bytes)
     bad = text.replace(b"[" + extra[:3], b'["\\ud800",' + extra[:3], 1)  # and still checked
     with pytest.raises(safetensors_header.HeaderError, match="lone surrogate"):
         safetensors_header.parse_header(bad)
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [fractions.Fraction(1, 3), decimal.Decimal("1.5"), b"raw"],
+    ids=["Fraction", "Decimal", "bytes"],
+)
+def test_data_leaves_checkpoints_cannot_hold_are_refused_by_key_path(leaf: object) -> None:
+    # Saved as nothing, they would load as like's value without a word: refused instead.
+    buf = io.BytesIO()
+    with pytest.raises(
+        TypeError, match=rf"save: the leaf at \['opt'\]\[1\] is a {type(leaf).__name__},"
+    ):
+        tm.save(buf, {"w": jnp.ones(2), "opt": [1, leaf]})
+    assert buf.getvalue() == b""  # nothing written

@@ -8,6 +8,7 @@ theirs. The file format is written by `safetensors_write.py` and read by `safete
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import sys
 from collections.abc import Callable
@@ -161,6 +162,13 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
             tensors.append((name, leaf))
         elif (leaf_kind := simple_kind(leaf)) is not None:
             values[name] = _encode(name, leaf, leaf_kind)
+        elif isinstance(leaf, numbers.Number | bytes | bytearray):
+            raise TypeError(
+                f"save: the leaf at {name or '(root)'} is a {type(leaf).__name__}, data that "
+                "checkpoints cannot hold (and `load` would silently give like's value back). "
+                "Store it as an int, float, str or array, or mark the field static "
+                "(tm.field(static=True)) if it is configuration."
+            )
     metadata = {"treemod.values": json.dumps(values, ensure_ascii=False)}
     metadata["treemod.keys"] = json.dumps(keys)
     write_checkpoint(path_or_file, tensors, metadata)
