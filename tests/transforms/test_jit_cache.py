@@ -344,3 +344,40 @@ def test_threads_tracing_mutually_recursive_functions_do_not_deadlock() -> None:
 
     np.testing.assert_allclose(results[0], np_even(np.arange(4.0)))
     np.testing.assert_allclose(results[1], np_odd(np.arange(4.0)))
+
+
+class _Metres(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f, x, z: f(x, s=z),  # a keyword argument
+        lambda f, x, z: f(x, ({"deep": [z]},)),  # nested in containers
+        lambda f, x, z: f(x, _Metres(z)),  # a float subclass
+    ],
+    ids=["keyword", "nested", "subclass"],
+)
+def test_signed_zeros_differ_wherever_the_static_float_is(call: Any) -> None:
+    def sign(x: jax.Array, s: Any) -> jax.Array:
+        while not isinstance(s, float):
+            s = s[0]["deep"][0] if isinstance(s, tuple) else s
+        return x * math.copysign(1.0, s)
+
+    f = tm.filter_jit(sign)
+    x = jnp.ones(1)
+    assert float(call(f, x, 0.0)[0]) == math.copysign(1.0, 0.0)
+    assert float(call(f, x, -0.0)[0]) == math.copysign(1.0, -0.0)
+    assert tm.debug.get_num_traces(f) == 2
+
+
+def test_a_nan_static_field_reused_compiles_once() -> None:
+    class Shift(tm.Module):
+        by: float = tm.field(static=True)
+
+    nan = float("nan")
+    f = tm.filter_jit(lambda m, x: x + m.by)
+    for _ in range(3):  # the same NaN object: the tree structures compare equal
+        assert np.isnan(np.asarray(f(Shift(nan), jnp.zeros(2)))).all()
+    assert tm.debug.get_num_traces(f) == 1
