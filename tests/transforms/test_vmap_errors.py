@@ -65,3 +65,24 @@ def test_an_axis_an_argument_lacks_is_named(in_axes: object, kwargs: dict, where
         f(jnp.ones(3), {"w": jnp.ones(3)}, **kwargs)
     with pytest.raises(ValueError, match=where):
         f(jnp.ones(3), {"w": jnp.ones(3)}, **kwargs)
+
+
+def test_an_out_axis_an_output_lacks_is_named() -> None:
+    def f(a: jax.Array) -> dict:
+        return {"o": a, "p": [a, a]}
+
+    x = jnp.ones(3)
+    with pytest.raises(ValueError, match="out of bounds"):  # jax.vmap refuses it too
+        jax.vmap(f, out_axes={"o": 0, "p": [0, 2]})(x)
+    with pytest.raises(
+        ValueError,
+        match=r"filter_vmap\(f\): out_axes puts the mapped axis of the output at \['p'\]\[1\] at "
+        r"axis 2, .*shape \(3,\).* must be in \[-1, 0\]",
+    ):
+        tm.filter_vmap(f, out_axes={"o": 0, "p": [0, 2]})(x)
+    with pytest.raises(ValueError, match=r"mapped axis of the output at axis -3"):
+        tm.filter_vmap(lambda a: a, out_axes=-3)(x)
+    y = jnp.arange(6.0).reshape(3, 2)  # a valid out_axes still gives jax.vmap's result
+    np.testing.assert_array_equal(
+        tm.filter_vmap(lambda a: a * 2, out_axes=1)(y), jax.vmap(lambda a: a * 2, out_axes=1)(y)
+    )

@@ -175,6 +175,18 @@ def _name_arguments(
     return ValueError(f"filter_vmap({name}): {message}")
 
 
+def _out_axis_error(name: str, treedef: Any, i: int, x: Any, axis: int, e: Exception) -> Any:
+    """The error for an `out_axes` entry outside an output's axes, naming the output's path."""
+    paths = jtu.tree_flatten_with_path(treedef.unflatten(range(treedef.num_leaves)))[0]
+    path = jtu.keystr(paths[i][0])
+    where = f"the output at {path}" if path else "the output"
+    return ValueError(
+        f"filter_vmap({name}): out_axes puts the mapped axis of {where} at axis "
+        f"{axis}, but with it that output has only {x.ndim} axes (shape {tuple(x.shape)}, the "
+        f"mapped axis first), so out_axes there must be in [-{x.ndim}, {x.ndim - 1}] ({e})."
+    )
+
+
 def _out_kind(x: Any, axis: int | None) -> str:
     """How an output leaf leaves the map: `mapped` along `axis`, `bcast` (an array given
     `None`), or `static`. A Python number given an axis becomes an array repeated along it
@@ -267,10 +279,15 @@ class _VmapWrapper(TransformedFunction[P, R]):
             raise _name_arguments(e, self._fun, name, (args, kwargs), mask, mapped_axes) from None
         it_m, it_b, it_s = iter(mapped), iter(bcast), iter(plan["static"])
         out_leaves = []
-        for kind, axis in zip(plan["kinds"], plan["axes"], strict=True):
+        for i, (kind, axis) in enumerate(zip(plan["kinds"], plan["axes"], strict=True)):
             if kind == "mapped":
                 x = next(it_m)
-                out_leaves.append(x if axis == 0 else jnp.moveaxis(x, 0, axis))
+                if axis != 0:
+                    try:
+                        x = jnp.moveaxis(x, 0, axis)
+                    except ValueError as e:
+                        raise _out_axis_error(name, plan["treedef"], i, x, axis, e) from None
+                out_leaves.append(x)
             elif kind == "bcast":
                 out_leaves.append(next(it_b))
             else:
