@@ -376,3 +376,26 @@ def test_data_leaves_checkpoints_cannot_hold_are_refused_by_key_path(leaf: objec
     ):
         tm.save(buf, {"w": jnp.ones(2), "opt": [1, leaf]})
     assert buf.getvalue() == b""  # nothing written
+
+
+def test_saving_to_a_file_that_cannot_take_a_checkpoint_names_it(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "model.safetensors"
+    tm.save(path, TREE)
+    for write in (tm.save, tm.tree_serialise_leaves):
+        with (
+            open(tmp_path / "notes.txt", "w") as f,
+            pytest.raises(
+                TypeError, match=r"'.*notes.txt' is opened in text mode; .*open\(path, 'wb'\)"
+            ),
+        ):
+            write(f, TREE)
+        with (
+            open(path, "rb") as f,
+            pytest.raises(ValueError, match=r"model.safetensors' is not open for writing"),
+        ):
+            write(f, TREE)
+        f = open(tmp_path / "closed.bin", "wb")
+        f.close()
+        with pytest.raises(ValueError, match=r"closed.bin' is closed"):
+            write(f, TREE)
+    assert tm.load(path, LIKE)["step"] == 3  # the file opened for reading is untouched

@@ -46,6 +46,7 @@ from treemod._saving.safetensors_read import (
     check_readable,
     seekable,
 )
+from treemod._saving.safetensors_write import check_writable
 
 __all__ = [
     "default_deserialise_filter_spec",
@@ -312,6 +313,7 @@ def tree_serialise_leaves(
     if isinstance(path_or_file, str | os.PathLike):
         replace_atomically(str(_with_suffix(path_or_file)), lambda f: _write(f, slots))
     else:
+        check_writable(path_or_file, "tree_serialise_leaves")
         _write(path_or_file, slots)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -217,6 +218,29 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     f.seek(end)
 
 
+def check_writable(target: Any, caller: str) -> None:
+    """Refuse, naming the file, a file object a checkpoint cannot be written to: text mode,
+    closed, or not open for writing."""
+    name = getattr(target, "name", None)
+    label = f"'{name}'" if isinstance(name, str) else f"<{type(target).__name__}>"
+    if isinstance(target, io.TextIOBase):
+        raise TypeError(
+            f"{caller}: {label} is opened in text mode; checkpoints are binary: open it with "
+            "open(path, 'wb')."
+        )
+    if getattr(target, "closed", False):
+        raise ValueError(f"{caller}: {label} is closed; open it again to write to it.")
+    writable = getattr(target, "writable", None)
+    try:
+        ok = writable() if callable(writable) else True
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{caller}: {label} is not open for writing; open it with open(path, 'wb')."
+        )
+
+
 def write_checkpoint(
     target: str | os.PathLike[str] | IO[bytes],
     tensors: Sequence[tuple[str, Any]],
@@ -229,6 +253,7 @@ def write_checkpoint(
                 f"save: expected a path or a binary file opened for writing, got "
                 f"{type(target).__name__}."
             )
+        check_writable(target, "save")
         if hasattr(target, "seekable") and not target.seekable():
             raise TypeError(
                 "save: the file must be seekable (the checksums are written into the header "
