@@ -399,3 +399,29 @@ def test_saving_to_a_file_that_cannot_take_a_checkpoint_names_it(tmp_path: pathl
         with pytest.raises(ValueError, match=r"closed.bin' is closed"):
             write(f, TREE)
     assert tm.load(path, LIKE)["step"] == 3  # the file opened for reading is untouched
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [(b"[],", "values"), (b"1,", "values"), (b'"a",', "strings")],
+    ids=["empty lists", "numbers", "strings"],
+)
+def test_floods_of_small_values_are_refused_before_parsing(
+    tmp_path: pathlib.Path, body: bytes, says: str
+) -> None:
+    # Parsed, 33M empty lists took 2.8 GB: counted in the raw bytes first, they are refused.
+    limit = safetensors_header.MAX_VALUES if says == "values" else safetensors_header.MAX_STRINGS
+    text = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":[' + body * limit + b"1]}}"
+    msg = _error(tmp_path, _with_header(text, b"\0"), like={"a": np.zeros(1, np.uint8)})
+    assert f"its header holds about {limit + 1:,} {says}" in msg or f"{says}, more than the" in msg
+
+
+def test_commas_inside_strings_do_not_count_as_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A treemod header's metadata holds maps as JSON strings: their commas are not values.
+    monkeypatch.setattr(safetensors_header, "MAX_VALUES", 50)
+    inner = json.dumps({f"[{i}]": ["int", str(i)] for i in range(100)})  # 299 commas
+    text = json.dumps({"__metadata__": {"treemod.values": inner, "b": 'say "a, b"'}})
+    assert safetensors_header.parse_header(text.encode())[1]["treemod.values"] == inner
+    outside = json.dumps({"__metadata__": {}, "a": {"x": list(range(60))}})
+    with pytest.raises(safetensors_header.HeaderError, match="holds about 6[0-9] values"):
+        safetensors_header.parse_header(outside.encode())

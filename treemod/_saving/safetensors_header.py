@@ -13,7 +13,9 @@ Two forms that the reference's deserialiser also takes and no writer produces ar
 entry written as a JSON array `[dtype, shape, offsets]`, and a dtype written as `{"F32": null}`.
 Beyond the reference, a header may hold at most `MAX_TENSORS` entries (counted while parsing,
 so a huge header is rejected without building it), and a shape at most `MAX_NDIM` dimensions
-(NumPy's limit: no array could hold such a tensor). Values the reference ignores (unknown
+(NumPy's limit: no array could hold such a tensor), and at most `MAX_STRINGS` strings and
+`MAX_VALUES` other values (counted in the raw bytes before parsing, as each parsed value costs
+memory; a header treemod writes holds far fewer). Values the reference ignores (unknown
 fields) are still checked to be JSON it reads, in one pass over their containers; the checks for
 strings and huge numbers run only when the raw header holds a surrogate escape or a long
 run of digits, so a hostile 100 MB header is parsed at JSON speed.
@@ -27,11 +29,25 @@ import re
 import sys
 from typing import Any, NamedTuple
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_NDIM", "MAX_TENSORS", "Entry", "HeaderError", "parse_header"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "MAX_STRINGS",
+    "MAX_TENSORS",
+    "MAX_VALUES",
+    "Entry",
+    "HeaderError",
+    "parse_header",
+]
 
 MAX_HEADER_BYTES = 100_000_000  # the reference's limit
 MAX_TENSORS = 100_000
 MAX_NDIM = 64  # NumPy's most dimensions
+# JSON values a header may hold: strings, and values of all kinds outside strings (counted by
+# their separating commas). A tensor's entry needs about 5 strings and 4 + ndim commas.
+MAX_STRINGS = 20 * MAX_TENSORS
+MAX_VALUES = 50 * MAX_TENSORS
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # What the raw header must hold for a lone surrogate (a `\uD800`-`\uDFFF` escape: UTF-8 text
 # cannot hold one) or a number beyond float64 (an integer of 309 digits, a mantissa of 200
 # digits with an exponent of 2, or an exponent of 3 digits) to be possible.
@@ -129,16 +145,24 @@ class _Free:
     """Checks that values the reference ignores are JSON it reads (see the module docstring).
 
     `texts`/`numbers`: whether the raw header could hold a lone surrogate or a number beyond
-    float64; without them only the nesting depth is checked.
+    float64; without them only the nesting depth is checked. Both are found on first use: a
+    header with no unknown fields (every writer's) never needs them.
     """
 
     def __init__(self, raw: bytes) -> None:
-        self.texts = b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
-        shapes = raw.translate(_NUMBER_TABLE)
-        self.numbers = b"0" * 200 in shapes or b"e000" in shapes or b"e+000" in shapes
+        self.raw = raw
+        self.texts = self.numbers = True
+
+    def _scan(self) -> None:
+        raw, self.raw = self.raw, b""
+        if raw:
+            self.texts = b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
+            shapes = raw.translate(_NUMBER_TABLE)
+            self.numbers = b"0" * 200 in shapes or b"e000" in shapes or b"e+000" in shapes
 
     def check(self, value: Any, depth: int, where: str) -> None:
         """Raise a `HeaderError` if `value` (found `depth` levels deep) is not readable."""
+        self._scan()
         stack = [(value, depth)]
         while stack:
             value, depth = stack.pop()
@@ -180,7 +204,7 @@ def _too_many() -> str:
     )
 
 
-def _decode(raw: bytes, free: _Free) -> Any:
+def _decode(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -203,7 +227,7 @@ def _decode(raw: bytes, free: _Free) -> Any:
             text,
             object_pairs_hook=hook,
             parse_int=_int if "-0" in text else None,  # "-0": the one divergence below u64
-            parse_float=_float if free.numbers else None,  # else no number can overflow
+            parse_float=_float,
             parse_constant=_constant,
         )
     except _TooMany:
@@ -303,6 +327,26 @@ def _nbytes(name: str, entry: Entry) -> int:
     return bits // 8
 
 
+def _check_count(raw: bytes) -> None:
+    """Refuse, before parsing it, a header of more JSON values than `MAX_STRINGS` strings and
+    `MAX_VALUES` values outside them: parsed, each costs memory (33M empty lists: 2.8 GB)."""
+    if len(raw) <= 2 * MAX_STRINGS and len(raw) <= MAX_VALUES:
+        return  # too short to hold that many (every string takes two quotes)
+    strings = (raw.count(b'"') - raw.count(b'\\"')) // 2  # escaped quotes are inside strings
+    if strings > MAX_STRINGS:
+        raise HeaderError(
+            f"its header holds about {strings:,} strings, more than the {MAX_STRINGS:,} a "
+            "checkpoint's header may hold"
+        )
+    if raw.count(b",") > MAX_VALUES:  # then count only the commas outside strings
+        values = _STRING.sub(b"", raw).count(b",") + 1
+        if values > MAX_VALUES:
+            raise HeaderError(
+                f"its header holds about {values:,} values, more than the {MAX_VALUES:,} a "
+                "checkpoint's header may hold"
+            )
+
+
 def parse_header(raw: bytes) -> tuple[dict[str, Any], dict[str, str], dict[str, Entry], int]:
     """Parse and validate a header.
 
@@ -310,8 +354,9 @@ def parse_header(raw: bytes) -> tuple[dict[str, Any], dict[str, str], dict[str, 
         The raw tensor table (name -> entry object, as written), the metadata, the validated
         entries, and the number of data bytes the tensors cover.
     """
+    _check_count(raw)
     free = _Free(raw)
-    top = _decode(raw, free)
+    top = _decode(raw)
     if not isinstance(top, dict):
         raise HeaderError(f"its header is not a JSON object (it is {type(top).__name__})")
     pairs = top.pairs if isinstance(top, _Object) and top.pairs else top.items()
