@@ -29,6 +29,45 @@ class _Marker:
     def __getitem__(self, key: Any) -> Any:
         raise _LeafUsed(self.path, f"`[{key!r}]`")
 
+    def __bool__(self) -> bool:  # true, as any object (and not `len()`, which raises)
+        return True
+
+
+def _operator(symbol: str) -> Callable[..., Any]:
+    def use(self: _Marker, *_: Any) -> Any:
+        raise _LeafUsed(self.path, symbol)
+
+    return use
+
+
+# Arithmetic, comparisons and conversions on a leaf name it too (`m.weight + 1`, `-m.bias`).
+# `==`, `hash` and `bool` keep their defaults: nodes are found by identity.
+for _names, _symbol in (
+    (("add", "radd"), "`+`"),
+    (("sub", "rsub"), "`-`"),
+    (("mul", "rmul"), "`*`"),
+    (("truediv", "rtruediv"), "`/`"),
+    (("floordiv", "rfloordiv"), "`//`"),
+    (("mod", "rmod"), "`%`"),
+    (("pow", "rpow"), "`**`"),
+    (("matmul", "rmatmul"), "`@`"),
+    (("lt", "le", "gt", "ge"), "a comparison"),
+    (("neg",), "unary `-`"),
+    (("pos",), "unary `+`"),
+    (("abs",), "`abs()`"),
+    (("invert",), "`~`"),
+    (("len",), "`len()`"),
+    (("iter",), "iteration"),
+    (("float",), "`float()`"),
+    (("int",), "`int()`"),
+    (("index",), "`int()`"),
+    (("complex",), "`complex()`"),
+    (("array",), "a NumPy function (np.asarray, ...)"),
+):
+    for _name in _names:
+        setattr(_Marker, f"__{_name}__", _operator(_symbol))
+del _names, _symbol, _name
+
 
 class _LeafUsed(AttributeError):
     """`where` computed with a leaf instead of returning it."""
@@ -88,7 +127,9 @@ def tree_at(
 
     Arguments:
         where: a function from the tree to one of its nodes (a leaf, a subtree, or `None`), or to
-            a tuple/list of nodes, e.g. `lambda m: m.layers[0].weight`.
+            a tuple/list of nodes, e.g. `lambda m: m.layers[0].weight`. It only selects:
+            computing with a leaf there (`m.weight.T`, `m.bias + 1`) is a `TypeError` naming
+            the leaf's key path; compute the new value in `replace_fn` instead.
         pytree: the tree to copy.
         replace: the new value (a sequence of values, one per node, if `where` returns several).
         replace_fn: instead of `replace`, a function from the old node to the new one.
