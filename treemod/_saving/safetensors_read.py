@@ -21,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from treemod._saving.errors import CheckpointError
+from treemod._saving.file_objects import check_file_object
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, HeaderError, parse_header
 from treemod._saving.safetensors_write import (
     CODE_TO_NAME,
@@ -288,11 +289,6 @@ class Reader:
 def check_readable(source: Any, label: str, caller: str) -> None:
     """Refuse, naming the file, a file object that cannot be read as a binary checkpoint:
     text mode, closed, not open for reading, or not a file at all."""
-    if isinstance(source, io.TextIOBase):
-        raise CheckpointError(
-            f"{caller}: {label} is opened in text mode; checkpoints are binary: open it with "
-            "open(path, 'rb')."
-        )
     if not hasattr(source, "read"):
         hint = " (checkpoint bytes in memory: wrap them, io.BytesIO(data))" * isinstance(
             source, bytes | bytearray | memoryview
@@ -301,17 +297,7 @@ def check_readable(source: Any, label: str, caller: str) -> None:
             f"{caller}: expected a path or a binary file opened for reading, got "
             f"{type(source).__name__}{hint}."
         )
-    if getattr(source, "closed", False):
-        raise CheckpointError(f"{caller}: {label} is closed; open it again to read from it.")
-    readable = getattr(source, "readable", None)
-    try:
-        ok = readable() if callable(readable) else True
-    except (OSError, ValueError):
-        ok = False
-    if not ok:
-        raise CheckpointError(
-            f"{caller}: {label} is not open for reading; open it with open(path, 'rb')."
-        )
+    check_file_object(source, label, caller, "read")
 
 
 @contextmanager

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import os
@@ -41,6 +40,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from treemod._saving.atomic_file import replace_atomically
+from treemod._saving.file_objects import check_file_object, file_label
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, MAX_TENSORS
 
 __all__ = ["DTYPES", "TensorInfo", "write_checkpoint"]
@@ -221,24 +221,7 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
 def check_writable(target: Any, caller: str) -> None:
     """Refuse, naming the file, a file object a checkpoint cannot be written to: text mode,
     closed, or not open for writing."""
-    name = getattr(target, "name", None)
-    label = f"'{name}'" if isinstance(name, str) else f"<{type(target).__name__}>"
-    if isinstance(target, io.TextIOBase):
-        raise TypeError(
-            f"{caller}: {label} is opened in text mode; checkpoints are binary: open it with "
-            "open(path, 'wb')."
-        )
-    if getattr(target, "closed", False):
-        raise ValueError(f"{caller}: {label} is closed; open it again to write to it.")
-    writable = getattr(target, "writable", None)
-    try:
-        ok = writable() if callable(writable) else True
-    except (OSError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{caller}: {label} is not open for writing; open it with open(path, 'wb')."
-        )
+    check_file_object(target, file_label(target), caller, "write")
 
 
 def write_checkpoint(
