@@ -85,22 +85,23 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def replace_atomically(path: str, write: Callable[[IO[bytes]], None]) -> None:
+def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: str = "save") -> None:
     """Write a file with `write(f)` and put it at `path` in one rename.
 
     Arguments:
         path: where the file goes; a symbolic link is followed to the file it names.
         write: writes the contents to a binary file (seekable).
+        caller: the public function that saves, named in the errors.
     """
     target = os.path.realpath(path)  # write through symbolic links
     directory, base = os.path.split(target)
     if not os.path.isdir(directory):
         raise FileNotFoundError(
-            f"save: cannot write '{path}': the directory '{directory}' does not exist. Create it "
-            "first (os.makedirs(directory, exist_ok=True))."
+            f"{caller}: cannot write '{path}': the directory '{directory}' does not exist. "
+            "Create it first (os.makedirs(directory, exist_ok=True))."
         )
     if os.path.isdir(target):
-        raise IsADirectoryError(f"save: cannot write '{path}': it is a directory.")
+        raise IsADirectoryError(f"{caller}: cannot write '{path}': it is a directory.")
     try:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except OSError:

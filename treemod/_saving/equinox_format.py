@@ -311,7 +311,9 @@ def tree_serialise_leaves(
                 "function first."
             )
     if isinstance(path_or_file, str | os.PathLike):
-        replace_atomically(str(_with_suffix(path_or_file)), lambda f: _write(f, slots))
+        replace_atomically(
+            str(_with_suffix(path_or_file)), lambda f: _write(f, slots), "tree_serialise_leaves"
+        )
     else:
         check_writable(path_or_file, "tree_serialise_leaves")
         _write(path_or_file, slots)

@@ -19,16 +19,16 @@ import io
 import os
 import pickle
 import sys
-import tempfile
 import types
 from itertools import compress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jax
 import jax.tree_util as jtu
 
 from treemod._format.retrace import _paths, aval_of, explain
+from treemod._saving.atomic_file import replace_atomically
 from treemod._transforms.jit import _UNUSED_DONATION, Compiled, Lowered
 from treemod._transforms.jit_cache import static_key
 from treemod._transforms.leaves import unpack_output
@@ -71,7 +71,9 @@ def save_compiled(
     name: they must be importable there).
 
     Arguments:
-        path: the file to write (replaced atomically if it exists).
+        path: the file to write, replaced atomically as `treemod.save` does (fsynced; an
+            existing file keeps its permissions, a symbolic link is written through, and the
+            temporaries of saves that were killed are removed).
         compiled: `.lower(...)` or `.lower(...).compile()` of a `filter_jit` function.
 
     Returns:
@@ -138,14 +140,11 @@ def save_compiled(
                 ) from e
         raise TypeError(f"save_compiled: {wrapper._name} cannot be saved: {e}") from e
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    replace_atomically(os.fspath(target), write, "save_compiled")
     return target
 
 
