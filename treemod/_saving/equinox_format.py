@@ -41,6 +41,7 @@ import numpy as np
 from treemod._module.state import State
 from treemod._saving.atomic_file import replace_atomically
 from treemod._saving.errors import CheckpointError
+from treemod._saving.multihost import spanning_error
 from treemod._saving.safetensors_read import (
     CheckpointNotFoundError,
     check_readable,
@@ -310,6 +311,10 @@ def tree_serialise_leaves(
                 "written outside jit/grad/vmap. Return the values from the transformed "
                 "function first."
             )
+        if slot.spec is default_serialise_filter_spec:  # a spec of one's own may gather it
+            spanning = spanning_error("tree_serialise_leaves", slot.where(), slot.leaf)
+            if spanning is not None:
+                raise RuntimeError(spanning)  # Equinox's type (JAX's, for such an array)
     if isinstance(path_or_file, str | os.PathLike):
         replace_atomically(
             str(_with_suffix(path_or_file)), lambda f: _write(f, slots), "tree_serialise_leaves"

@@ -4,9 +4,9 @@ A `jax.Array` sharded across processes (`is_fully_addressable` false) may still 
 on this process's devices: replicated across processes (plain data parallelism), or split only
 over this process's devices and repeated on the others'. `save` reads such an array from its
 local shards, as `numpy.asarray` does. An array of which other processes hold parts that this
-one lacks cannot be written by one process: `save` refuses it before writing anything. Such
-trees are saved with Orbax, each process writing its own shards; docs/concepts/many-hosts.md
-has the recipe.
+one lacks cannot be written by one process: `save` (and `tree_serialise_leaves`, Equinox's
+format) refuses it before writing anything. Such trees are saved with Orbax, each process
+writing its own shards; docs/concepts/many-hosts.md has the recipe.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 
 from treemod._saving.errors import CheckpointError
 
-__all__ = ["check_addressable"]
+__all__ = ["RECIPE", "check_addressable", "spanning_error"]
 
 RECIPE = "docs/concepts/many-hosts.md (section 'Checkpoints')"
 
@@ -42,12 +42,45 @@ def _held_whole_here(leaf: jax.Array) -> bool:
     )
 
 
+def spanning_error(caller: str, name: str, leaf: Any) -> str | None:
+    """The refusal for `leaf` if it is an array with values only other processes hold, else `None`.
+
+    Arrays that span processes but whose every value this process holds (replicated across
+    processes, say) give `None`: a writer reads its own copy. The message names the caller, the
+    key path, the array's shape and sharding, and points to the Orbax recipe (`RECIPE`) and to
+    `process_allgather`.
+
+    Arguments:
+        caller: the public function that saves (`save`, `tree_serialise_leaves`).
+        name: the leaf's key path, for the message.
+        leaf: the leaf (anything; only `jax.Array`s that span processes are looked at).
+
+    Returns:
+        The message, or `None` when this process can write the leaf.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from treemod._saving.multihost import spanning_error
+        >>> spanning_error("save", ".weight", jnp.ones(3)) is None  # one process: held whole
+        True
+    """
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable or _held_whole_here(leaf):
+        return None
+    return (
+        f"{caller}: the array at {name or '(root)'} (shape {tuple(leaf.shape)}, {leaf.sharding}) "
+        f"spans {jax.process_count()} processes, and this process ({jax.process_index()}) "
+        "holds only some of its values, so no one process can write it. Save trees sharded "
+        f"across processes with Orbax (every process writes its own shards; see {RECIPE}), or "
+        "gather the array first (jax.experimental.multihost_utils.process_allgather) and save "
+        "from one process."
+    )
+
+
 def check_addressable(name: str, leaf: Any) -> None:
     """Raise `CheckpointError` if `leaf` is an array with values only other processes hold.
 
-    Called for each array leaf before `save` writes anything, so no process leaves a partial
-    file that another would read as complete. Arrays that span processes but whose every value
-    this process holds (replicated across processes, say) pass: `save` reads its own copy.
+    Called by `save` for each array leaf before it writes anything, so no process leaves a
+    partial file that another would read as complete (see `spanning_error`).
 
     Arguments:
         name: the leaf's key path, for the message.
@@ -58,14 +91,6 @@ def check_addressable(name: str, leaf: Any) -> None:
         >>> from treemod._saving.multihost import check_addressable
         >>> check_addressable(".weight", jnp.ones(3))  # one process: always held whole
     """
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        if _held_whole_here(leaf):
-            return
-        raise CheckpointError(
-            f"save: the array at {name or '(root)'} (shape {tuple(leaf.shape)}, {leaf.sharding}) "
-            f"spans {jax.process_count()} processes, and this process ({jax.process_index()}) "
-            "holds only some of its values, so no one process can write it. Save trees sharded "
-            "across processes with Orbax (every process writes its own shards; see "
-            f"{RECIPE}), or gather the array first "
-            "(jax.experimental.multihost_utils.process_allgather) and save from one process."
-        )
+    message = spanning_error("save", name, leaf)
+    if message is not None:
+        raise CheckpointError(message)
