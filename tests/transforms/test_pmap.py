@@ -66,7 +66,9 @@ def test_errors_name_the_problem() -> None:
         tm.filter_pmap(lambda x: x, static_broadcasted_argnums=(0,))
     with pytest.raises(ValueError, match="no argument is mapped"):
         tm.filter_pmap(lambda n: n)(3)
-    with pytest.raises(ValueError, match=r"maps axis 0 of an argument of shape \(\), which has no"):
+    with pytest.raises(
+        ValueError, match=r"args\[0\] \(parameter 'x'\), of shape \(\), has no axis"
+    ):
         tm.filter_pmap(lambda x: x)(jnp.array(3.0))
     with pytest.raises(ValueError, match="in_axes maps axis 0 of"):
         tm.filter_pmap(lambda x, n: x, in_axes=(0, 0))(jnp.ones((8, 1)), 3)

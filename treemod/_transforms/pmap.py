@@ -12,13 +12,20 @@ import jax.tree_util as jtu
 from treemod._format.paths import function_name
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._transforms.unhashable import unhashable_error
-from treemod._transforms.vmap import _expand_axes, _is_spec, _named_axes, if_array
+from treemod._transforms.vmap import (
+    _expand_axes,
+    _is_spec,
+    _mapped_size_error,
+    _named_axes,
+    if_array,
+)
 from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["filter_pmap"]
 
 _DONATE = ("all", "warn", "none")
+_PMAP = "filter_pmap"  # named in the errors of the axis specs shared with filter_vmap
 
 
 class _PmapWrapper(TransformedFunction[P, R]):
@@ -48,10 +55,10 @@ class _PmapWrapper(TransformedFunction[P, R]):
         name, in_axes = self._name, self._in_axes
         args_root, kwargs_root = (jtu.SequenceKey(1),), (jtu.SequenceKey(2),)
         if isinstance(in_axes, dict):
-            return _named_axes(self._fun, in_axes, args, kwargs, name)
+            return _named_axes(self._fun, in_axes, args, kwargs, name, _PMAP)
         if _is_spec(in_axes):
-            return _expand_axes(in_axes, args, "in_axes", name, args_root) + _expand_axes(
-                in_axes, kwargs, "in_axes", name, kwargs_root
+            return _expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + _expand_axes(
+                in_axes, kwargs, "in_axes", name, kwargs_root, _PMAP
             )
         if not isinstance(in_axes, tuple) or len(in_axes) != len(args):
             raise ValueError(
@@ -59,8 +66,8 @@ class _PmapWrapper(TransformedFunction[P, R]):
                 f"or a tuple with one entry per positional argument ({len(args)} given); got "
                 f"{in_axes!r}."
             )
-        return _expand_axes(in_axes, args, "in_axes", name, args_root) + _expand_axes(
-            if_array(0), kwargs, "in_axes", name, kwargs_root
+        return _expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + _expand_axes(
+            if_array(0), kwargs, "in_axes", name, kwargs_root, _PMAP
         )
 
     def _compile(
@@ -78,7 +85,7 @@ class _PmapWrapper(TransformedFunction[P, R]):
             args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
             out = fun(*args, **kwargs)
             leaves, out_def = jtu.tree_flatten(out)
-            out_ax = _expand_axes(out_axes, out, "out_axes", name, ())
+            out_ax = _expand_axes(out_axes, out, "out_axes", name, (), _PMAP)
             # A Python number given an axis becomes an array repeated along it (as in vmap).
             leaves = [
                 jnp.asarray(x) if a is not None else x for x, a in zip(leaves, out_ax, strict=True)
@@ -131,18 +138,40 @@ class _PmapWrapper(TransformedFunction[P, R]):
         size = self._axis_size
         for x, a in zip(leaves, axes, strict=True):
             if a is not None and not -jnp.ndim(x) <= a < jnp.ndim(x):
-                raise ValueError(
+                raise self._size_error(args, kwargs) or ValueError(
                     f"filter_pmap({self._name}): in_axes maps axis {a} of an argument of shape "
-                    f"{jnp.shape(x)}, which has no such axis. Give it None (or use "
-                    "tm.if_array(0) only for arrays with a device axis)."
+                    f"{jnp.shape(x)}, which has no such axis."
                 )
         if size is None:  # the dummy's size: that of the first mapped axis
             size = next(jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True) if a is not None)
         return entry, dynamic, jnp.zeros((size,), jnp.bool_)
 
+    def _size_error(self, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> ValueError | None:
+        """Error path: the error naming the arguments whose mapped axes disagree in size or
+        that lack their axis (`jax.pmap` names none), or `None` if that is not the fault."""
+        axes = self._axes(args, kwargs)
+        leaves = jtu.tree_leaves((args, kwargs))
+        mapped = [(x, a) for x, a in zip(leaves, axes, strict=True) if a is not None]
+        mask = tuple(a is not None for a in axes)
+        return _mapped_size_error(
+            _PMAP, self._fun, self._name, (args, kwargs), mask, mapped, self._axis_size
+        )
+
+    def _run(
+        self, fn: Callable[..., Any], dynamic: list[Any], dummy: Any, args: Any, kwargs: Any
+    ) -> Any:
+        """`fn(dynamic, dummy)`; a failure caused by the arguments' sizes names them."""
+        try:
+            return fn(dynamic, dummy)
+        except Exception:
+            error = self._size_error(args, kwargs)
+            if error is not None:
+                raise error from None
+            raise
+
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         (pmapped, plan), dynamic, dummy = self._prepare(args, kwargs)
-        return _unpack(pmapped(dynamic, dummy), plan)  # type: ignore[no-any-return]
+        return _unpack(self._run(pmapped, dynamic, dummy, args, kwargs), plan)  # type: ignore[no-any-return]
 
     def lower(self, /, *args: P.args, **kwargs: P.kwargs) -> PmapLowered[P, R]:
         """Trace and lower for these arguments, for ahead-of-time compilation.
@@ -152,7 +181,8 @@ class _PmapWrapper(TransformedFunction[P, R]):
             structure, array shapes and non-array values; `.as_text()` shows the program.
         """
         (pmapped, plan), dynamic, dummy = self._prepare(args, kwargs)
-        return PmapLowered(pmapped.lower(dynamic, dummy), self, plan)  # type: ignore[attr-defined]
+        lowered = self._run(pmapped.lower, dynamic, dummy, args, kwargs)  # type: ignore[attr-defined]
+        return PmapLowered(lowered, self, plan)
 
 
 def _unpack(arrays: list[Any], plan: dict[str, Any]) -> Any:
@@ -185,7 +215,8 @@ class PmapLowered(Generic[P, R]):
 
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             _, dynamic, dummy = wrapper._prepare(args, kwargs)
-            return _unpack(compiled(dynamic, dummy), plan)  # type: ignore[no-any-return]
+            out = wrapper._run(compiled, dynamic, dummy, args, kwargs)
+            return _unpack(out, plan)  # type: ignore[no-any-return]
 
         return run
 

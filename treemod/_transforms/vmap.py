@@ -54,9 +54,15 @@ def _is_spec(x: Any) -> bool:
 
 
 def _expand_axes(
-    spec: Any, tree: Any, what: str, name: str, root: tuple[Any, ...]
+    spec: Any,
+    tree: Any,
+    what: str,
+    name: str,
+    root: tuple[Any, ...],
+    transform: str = "filter_vmap",
 ) -> list[int | None]:
-    """One axis (or None) per leaf of `tree`, from a prefix `spec` of it."""
+    """One axis (or None) per leaf of `tree`, from a prefix `spec` of it (`transform`: the
+    public transform the errors name)."""
     axes: list[int | None] = []
     if _is_spec(spec):
         pairs = [(spec, tree, ())]
@@ -68,7 +74,7 @@ def _expand_axes(
             )
         except ValueError as e:
             raise ValueError(
-                f"filter_vmap({name}): {what} must be a pytree prefix of the "
+                f"{transform}({name}): {what} must be a pytree prefix of the "
                 f"{'arguments' if what == 'in_axes' else 'output'}: {e}"
             ) from None
 
@@ -82,7 +88,7 @@ def _expand_axes(
             axis = s(leaf) if callable(s) and not isinstance(s, int) else s
             if axis is not None and not isinstance(axis, int):
                 raise TypeError(
-                    f"filter_vmap({name}): {what} gave {axis!r} for "
+                    f"{transform}({name}): {what} gave {axis!r} for "
                     f"{where(tuple(prefix) + tuple(path))}; axes are ints or None."
                 )
             if axis is not None and not IS_ARRAY_TYPE[type(leaf)]:
@@ -91,7 +97,7 @@ def _expand_axes(
                         axis = None  # non-array outputs are returned unbatched
                 else:
                     raise ValueError(
-                        f"filter_vmap({name}): in_axes maps axis {axis} of "
+                        f"{transform}({name}): in_axes maps axis {axis} of "
                         f"{where(tuple(prefix) + tuple(path))}, which is a "
                         f"{type(leaf).__name__}, not an array. Only arrays can be batched: give "
                         "it None (or use tm.if_array(0))."
@@ -106,6 +112,7 @@ def _named_axes(
     args: tuple[Any, ...],
     kwargs: dict[Any, Any],
     name: str,
+    transform: str = "filter_vmap",
 ) -> list[int | None]:
     """Per-leaf axes from a dict `in_axes` keyed by parameter name (Equinox's form).
 
@@ -124,12 +131,12 @@ def _named_axes(
     keyword = {k: remaining.pop(k, if_array(0)) for k in kwargs}
     if remaining:
         raise ValueError(
-            f"filter_vmap({name}): in_axes names {sorted(remaining)}, which are not arguments "
+            f"{transform}({name}): in_axes names {sorted(remaining)}, which are not arguments "
             f"of this call (positional parameters given: {params[: len(args)]}, keywords: "
             f"{sorted(kwargs)}). Pass every named argument (defaults are not mapped)."
         )
-    axes = _expand_axes(positional, args, "in_axes", name, (jtu.SequenceKey(1),))
-    return axes + _expand_axes(keyword, kwargs, "in_axes", name, (jtu.SequenceKey(2),))
+    axes = _expand_axes(positional, args, "in_axes", name, (jtu.SequenceKey(1),), transform)
+    return axes + _expand_axes(keyword, kwargs, "in_axes", name, (jtu.SequenceKey(2),), transform)
 
 
 def _name_arguments(
@@ -139,11 +146,13 @@ def _name_arguments(
     tree: Any,
     mask: tuple[bool, ...],
     mapped: list[tuple[Any, int]],
+    transform: str = "filter_vmap",
 ) -> ValueError:
     """JAX's error with `dyn[i]` (treemod's list of mapped arrays) replaced by each array's
     argument path (`args[1]`, `kwargs['x']`, with the parameter's name); for an axis an array
     does not have, the arrays at fault named first. `mapped`: `(array, axis)` of each mapped
-    array. Error path only."""
+    array; `transform`: the public transform (`filter_pmap` says `pmap got inconsistent
+    sizes`). Error path only."""
     try:
         params = [
             p.name
@@ -165,6 +174,8 @@ def _name_arguments(
         return paths[i] if i < len(paths) else match.group(0)
 
     message = re.sub(r"dyn\[(\d+)\]", rename, str(error))
+    if transform != "filter_vmap":  # JAX's message is vmap's (see _mapped_size_error)
+        message = re.sub(r"^vmap ", f"{transform.removeprefix('filter_')} ", message)
     no_axis = [
         f"{path}, of shape {jnp.shape(x)}, has no axis {axis}"
         for path, (x, axis) in zip(paths, mapped, strict=True)
@@ -172,7 +183,48 @@ def _name_arguments(
     ]
     if no_axis:
         message = f"in_axes maps an axis an argument lacks: {'; '.join(no_axis)} ({message})"
-    return ValueError(f"filter_vmap({name}): {message}")
+    return ValueError(f"{transform}({name}): {message}")
+
+
+def _is_size_error(error: Exception) -> bool:
+    text = str(error)
+    return "dyn[" in text or "requested to map its argument along axis" in text
+
+
+def _mapped_size_error(
+    transform: str,
+    fun: Callable[..., Any],
+    name: str,
+    tree: Any,
+    mask: tuple[bool, ...],
+    mapped: list[tuple[Any, int]],
+    axis_size: int | None,
+) -> ValueError | None:
+    """The error naming the arguments whose mapped axes disagree in size (or that lack their
+    axis), as `filter_vmap` gives it, or `None` if they agree. JAX's own size check (that of
+    `jax.vmap`, on shapes only) makes the message. For transforms whose JAX error names no
+    argument (`filter_pmap`: `jax.pmap` fails while placing the arrays). Error path only.
+
+    Arguments:
+        transform: the public transform, for the message.
+        fun: the mapped function (its parameter names go into the message).
+        name: its name.
+        tree: `(args, kwargs)` of the call.
+        mask: which leaves of `tree` are mapped.
+        mapped: `(array, axis)` of each mapped leaf.
+        axis_size: the size given, if any.
+
+    Returns:
+        The error, or `None`.
+    """
+    axes = [a for _, a in mapped]
+    check = jax.vmap(lambda dyn: dyn, in_axes=(axes,), axis_size=axis_size)
+    try:
+        jax.eval_shape(check, [x for x, _ in mapped])
+    except ValueError as e:
+        if _is_size_error(e):
+            return _name_arguments(e, fun, name, tree, mask, mapped, transform)
+    return None
 
 
 def _out_axis_error(name: str, treedef: Any, i: int, x: Any, axis: int, e: Exception) -> Any:
@@ -273,7 +325,7 @@ class _VmapWrapper(TransformedFunction[P, R]):
         try:
             mapped, bcast = vmapped(dynamic)
         except ValueError as e:
-            if "dyn[" not in str(e) and "requested to map its argument along axis" not in str(e):
+            if not _is_size_error(e):
                 raise
             mapped_axes = list(zip(dynamic, dyn_axes, strict=True))
             raise _name_arguments(e, self._fun, name, (args, kwargs), mask, mapped_axes) from None
