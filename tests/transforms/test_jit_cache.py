@@ -71,6 +71,22 @@ def test_float_keys_follow_the_bits(a: float, b: float) -> None:
     assert len(log) == (1 if same else 2)
 
 
+_FLOATS = st.sampled_from([0.0, -0.0, 1.0, -2.5, float("nan"), float("inf")]) | st.floats()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.tuples(_FLOATS, _FLOATS), st.tuples(_FLOATS, _FLOATS))
+def test_several_float_keys_follow_the_bits(a: tuple[float, float], b: tuple[float, float]) -> None:
+    """Two calls with two static floats each share a version exactly when both floats' bits
+    are equal (plain nonzero floats are keyed by value, zeros and NaNs by their bits)."""
+    log: list[Any] = []
+    f = tm.filter_jit(lambda x, s, t: (log.append((s, t)), x)[1])
+    f(jnp.zeros(()), *a)
+    f(jnp.zeros(()), *b)
+    bits = [np.float64(v).tobytes() for v in (*a, *b)]
+    assert len(log) == (1 if bits[:2] == bits[2:] else 2)
+
+
 def test_rewrapping_the_same_function_does_not_retrace() -> None:
     log: list[Any] = []
 

@@ -296,7 +296,35 @@ FLOAT_POSITIONS = _FloatPositions()
 
 
 def static_key(static: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any, ...]:
-    """`static` with the floats at `positions` replaced by their bit patterns."""
+    """The cache key of `static`, whose floats and complex numbers (at `positions`) compare by
+    their bit patterns: `0.0` and `-0.0` differ, a NaN equals itself.
+
+    When every leaf at `positions` is a plain nonzero, non-NaN `float`, `static` itself is the
+    key (the hot path: no allocation), since two such floats are `==` exactly when their bits
+    agree. Otherwise (a zero, a NaN, a complex number, a float subclass) every leaf at
+    `positions` is replaced by its bit pattern. A position holds leaves of one type only (the
+    types are part of `sig_id`), and a bit pattern (bytes) never equals a float.
+
+    Arguments:
+        static: the static leaves of a call.
+        positions: where `static` holds floats or complex numbers.
+
+    Returns:
+        `static`, or a copy with the bit patterns.
+
+    Example:
+        >>> static = (0.5, "relu")
+        >>> static_key(static, (0,)) is static
+        True
+        >>> static_key((-0.0, "relu"), (0,))
+        (b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x80', 'relu')
+    """
+    for i in positions:
+        x = static[i]
+        if type(x) is not float or x != x or x == 0.0:
+            break
+    else:
+        return static
     key = list(static)
     for i in positions:
         key[i] = _bits(key[i])
