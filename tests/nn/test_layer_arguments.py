@@ -3,11 +3,13 @@ and keys that are not PRNG keys, naming the class and the argument."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import treemod as tm
@@ -154,3 +156,180 @@ def test_both_kinds_of_key_still_work(owner: str, make: Callable) -> None:
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
     for x, y in zip(leaves_a, leaves_b, strict=True):
         assert jnp.array_equal(x, y)  # the same key gives the same parameters
+
+
+# Numeric hyper-parameters that are not sizes: (class, argument, constructor, a valid value,
+# the values refused, what the message says the argument must be).
+NUMBERS: list[tuple[str, str, Callable[[Any], Any], str]] = [
+    ("Dropout", "p", lambda v: nn.Dropout(p=v), "in [0, 1]"),
+    (
+        "MultiheadAttention",
+        "dropout_p",
+        lambda v: nn.MultiheadAttention(2, 4, dropout_p=v, key=K),
+        "in [0, 1]",
+    ),
+    ("LayerNorm", "eps", lambda v: nn.LayerNorm(4, eps=v), "a positive number"),
+    ("RMSNorm", "eps", lambda v: nn.RMSNorm(4, eps=v), "a positive number"),
+    ("GroupNorm", "eps", lambda v: nn.GroupNorm(2, 4, eps=v), "a positive number"),
+    ("BatchNorm", "eps", lambda v: nn.BatchNorm(4, eps=v), "a finite number"),
+    ("BatchNorm", "momentum", lambda v: nn.BatchNorm(4, momentum=v), "a finite number"),
+    (
+        "SpectralNorm",
+        "eps",
+        lambda v: nn.SpectralNorm(nn.Linear(3, 4, key=K), eps=v, key=K),
+        "a positive number",
+    ),
+    (
+        "RotaryPositionalEmbedding",
+        "theta",
+        lambda v: nn.RotaryPositionalEmbedding(4, theta=v),
+        "a positive number",
+    ),
+]
+NOT_NUMBERS = [True, False, "0.5", None, float("nan"), float("inf"), [0.5]]
+
+
+@pytest.mark.parametrize(
+    "owner, name, make, want", NUMBERS, ids=[f"{o}.{n}" for o, n, *_ in NUMBERS]
+)
+@pytest.mark.parametrize("bad", NOT_NUMBERS, ids=repr)
+def test_numeric_arguments_must_be_real_numbers(
+    owner: str, name: str, make: Callable, want: str, bad: Any
+) -> None:
+    with pytest.raises(ValueError) as e:
+        make(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{owner}: `{name}` must be {want}; got {bad!r}"), msg
+    if isinstance(bad, bool):
+        assert "(a bool is not a number here)" in msg
+    if isinstance(bad, str):
+        assert f"pass the number itself, e.g. {name}=0.5" in msg
+
+
+@pytest.mark.parametrize(
+    "owner, name, make, want", NUMBERS, ids=[f"{o}.{n}" for o, n, *_ in NUMBERS]
+)
+def test_numeric_arguments_out_of_range(owner: str, name: str, make: Callable, want: str) -> None:
+    bads = (
+        [-0.1, 1.5] if want == "in [0, 1]" else [0.0, -1.0] if want == "a positive number" else []
+    )
+    for bad in bads:
+        with pytest.raises(ValueError, match=rf"^{owner}: `{name}` must be {re.escape(want)}; got"):
+            make(bad)
+    make(0.5)  # valid for every argument above, as an int-free float
+    make(np.float32(0.5))  # NumPy scalars are numbers too
+
+
+def test_batch_norm_ranges_keep_their_messages() -> None:
+    # BatchNorm's range checks are older than the general one (tests/nn/test_batch_norm.py).
+    with pytest.raises(ValueError, match=r"^BatchNorm: momentum must be in \[0, 1\]"):
+        nn.BatchNorm(4, momentum=-0.5)
+    with pytest.raises(ValueError, match="^BatchNorm: eps must be positive"):
+        nn.BatchNorm(4, eps=-1.0)
+    with pytest.raises(ValueError, match="PyTorch's momentum=None, a cumulative average, is not"):
+        nn.BatchNorm(4, momentum=None)
+
+
+def test_dropout_takes_concrete_and_traced_array_probabilities() -> None:
+    assert nn.Dropout(jnp.float32(0.25)).p == 0.25
+    with pytest.raises(ValueError, match=r"^Dropout: `p` must be in \[0, 1\]; got 2.0"):
+        nn.Dropout(jnp.float32(2.0))
+    # Built under a transform, p is a tracer: it is not checked (and not refused).
+    ps = jnp.array([0.1, 0.2])
+    layers = tm.filter_vmap(lambda p: nn.Dropout(p))(ps)
+    assert jnp.array_equal(layers.p, ps)
+
+
+def test_probabilities_follow_pytorch() -> None:
+    torch = pytest.importorskip("torch")
+    for p in (0, 1, 0.0, 0.3, 1.0):  # PyTorch's Dropout accepts these; so does treemod
+        torch.nn.Dropout(p)
+        nn.Dropout(p)
+    for p in (-0.1, 1.5):  # both refuse these
+        with pytest.raises(ValueError):
+            torch.nn.Dropout(p)
+        with pytest.raises(ValueError, match=r"^Dropout: `p` must be in \[0, 1\]"):
+            nn.Dropout(p)
+
+
+# Padding: ints >= 0 or (low, high) pairs; strings only for convolutions.
+PADDED: list[tuple[str, Callable[[Any], Any]]] = [
+    ("Conv2d", lambda v: nn.Conv2d(2, 4, 3, padding=v, key=K)),
+    ("ConvTranspose2d", lambda v: nn.ConvTranspose2d(2, 4, 3, padding=v, key=K)),
+    ("MaxPool2d", lambda v: nn.MaxPool2d(3, padding=v)),
+    ("AvgPool2d", lambda v: nn.AvgPool2d(3, padding=v)),
+]
+
+
+@pytest.mark.parametrize("owner, make", PADDED, ids=[o for o, _ in PADDED])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        (True, "padding"),
+        (-1, "padding"),
+        (1.0, "padding"),
+        ((1, -1), "padding[1]"),
+        ((1, (0, -2)), "padding[1][1]"),
+        ((1, (0, True)), "padding[1][1]"),
+    ],
+    ids=repr,
+)
+def test_padding_must_be_ints_at_least_zero(
+    owner: str, make: Callable, bad: Any, where: str
+) -> None:
+    with pytest.raises(ValueError) as e:
+        make(bad)
+    assert str(e.value).startswith(f"{owner}: `{where}` must be an int >= 0; got "), str(e.value)
+
+
+@pytest.mark.parametrize("owner, make", PADDED, ids=[o for o, _ in PADDED])
+def test_padding_pairs_and_lengths(owner: str, make: Callable) -> None:
+    assert make(1).padding == ((1, 1), (1, 1))
+    assert make((0, (1, 0))).padding == ((0, 0), (1, 0))
+    with pytest.raises(
+        ValueError, match=rf"^{owner}: `padding\[0\]` must be an int or a \(low, high\) pair"
+    ):
+        make(((1, 1, 1), 0))
+    with pytest.raises(ValueError, match=rf"^{owner}: `padding` must be an int"):
+        make((1, 1, 1))
+
+
+def test_padding_strings() -> None:
+    # PyTorch's spellings 'same' and 'valid' work in any case; pools take no strings.
+    assert nn.Conv2d(2, 4, 3, padding="same", key=K).padding == "SAME"
+    assert nn.Conv2d(2, 4, 3, padding="Valid", key=K).padding == "VALID"
+    with pytest.raises(
+        ValueError, match="^Conv2d: string `padding` must be 'SAME', 'SAME_LOWER' or 'VALID'"
+    ):
+        nn.Conv2d(2, 4, 3, padding="full", key=K)
+    with pytest.raises(
+        ValueError, match=r"^MaxPool2d: `padding` must be .*\(this layer takes no string"
+    ):
+        nn.MaxPool2d(3, padding="same")
+
+
+def test_conv_padding_follows_pytorch() -> None:
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).normal(size=(1, 2, 6, 6)).astype(np.float32)
+    for padding in (0, 2, (1, 2), "same", "valid"):  # accepted by both, with the same shapes
+        theirs = torch.nn.Conv2d(2, 4, 3, padding=padding)(torch.from_numpy(x)).shape
+        ours = nn.Conv2d(2, 4, 3, padding=padding, key=K)(jnp.asarray(x)).shape
+        assert tuple(theirs) == ours
+    # PyTorch refuses negative padding (when called); treemod when the layer is built.
+    with pytest.raises(RuntimeError, match="negative padding"):
+        torch.nn.Conv2d(2, 4, 3, padding=-1)(torch.from_numpy(x))
+    with pytest.raises(ValueError, match="^Conv2d: `padding` must be an int >= 0"):
+        nn.Conv2d(2, 4, 3, padding=-1, key=K)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"], ids=repr)
+def test_stack_unroll(bad: Any) -> None:
+    make = lambda key: nn.Linear(2, 2, key=key)  # noqa: E731
+    with pytest.raises(
+        ValueError, match=rf"^Stack: `unroll` must be a positive int; got {re.escape(repr(bad))}"
+    ):
+        nn.Stack(make, 2, key=K, unroll=bad)
+    layers = [make(k) for k in jax.random.split(K, 2)]
+    with pytest.raises(ValueError, match=r"^Stack.from_layers: `unroll` must be a positive int"):
+        nn.Stack.from_layers(layers, unroll=bad)
+    nn.Stack(make, 2, key=K, unroll=True)  # lax.scan's full unroll

@@ -15,7 +15,7 @@ from . import init as _init
 from ._batching import Core, batch_apply
 from ._dropout import Dropout
 from ._linear import Linear
-from ._utils import check_size, compute_dtype, promote_input, require_key
+from ._utils import check_number, check_size, compute_dtype, promote_input, require_key
 
 __all__ = ["MultiheadAttention"]
 
@@ -45,7 +45,7 @@ class MultiheadAttention(Module):
         use_key_bias: bias in the key projection.
         use_value_bias: bias in the value projection.
         use_output_bias: bias in the output projection.
-        dropout_p: dropout probability on the attention weights.
+        dropout_p: dropout probability on the attention weights, in [0, 1].
         inference: start with attention dropout off.
         dtype: parameter dtype.
         weight_init: weight initialiser of the projections (default PyTorch's Linear one).
@@ -102,6 +102,8 @@ class MultiheadAttention(Module):
         for name, v in (*sizes.items(), ("vo_size", vo_size)):
             if v is not None or name in ("num_heads", "query_size"):
                 check_size("MultiheadAttention", name, v)
+        note = " It is the dropout probability on the attention weights (0 switches it off)."
+        check_number("MultiheadAttention", "dropout_p", dropout_p, 0, 1, note=note)
         if (qk_size is None or vo_size is None) and query_size % num_heads:
             raise ValueError(
                 f"MultiheadAttention: query_size={query_size} is not divisible by "

@@ -14,7 +14,7 @@ from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
 
 from . import _equinox_layout as _eqx
-from ._utils import check_size, default_dtype
+from ._utils import check_number, check_size, default_dtype
 
 __all__ = ["BatchNorm"]
 
@@ -57,7 +57,7 @@ class BatchNorm(Module):
         input_size: the number of channels `C`.
         axis_name: `None` for batched input; otherwise the name (or tuple of names) of the
             mapped axis that holds the batch.
-        eps: added to the variance before taking its square root.
+        eps: added to the variance before taking its square root (a positive number).
         channelwise_affine: whether to learn a per-channel scale `weight` (ones at first) and
             shift `bias` (zeros at first); if `False` both are `None`.
         momentum: PyTorch's convention (see above): the weight of the new batch statistics,
@@ -118,6 +118,14 @@ class BatchNorm(Module):
         channels_last: bool = False,
     ) -> None:
         check_size("BatchNorm", "input_size", input_size)
+        # A bool, a string, None (PyTorch's cumulative average) or NaN is refused here; the range
+        # checks below keep their own messages.
+        momentum_note = (
+            " It is the weight of the new batch statistics (PyTorch's convention; 0.1 is usual;"
+            " PyTorch's momentum=None, a cumulative average, is not supported)."
+        )
+        momentum = check_number("BatchNorm", "momentum", momentum, note=momentum_note)
+        eps = check_number("BatchNorm", "eps", eps, note=" It is added to the variance.")
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(
                 f"BatchNorm: momentum must be in [0, 1], got {momentum!r}. It is the weight of "

@@ -23,7 +23,14 @@ from ._layout import (
     spatial_shape,
     to_kernel_layout,
 )
-from ._utils import as_tuple, check_size, default_dtype, require_key, with_spatial_dims
+from ._utils import (
+    as_tuple,
+    check_padding,
+    check_size,
+    default_dtype,
+    require_key,
+    with_spatial_dims,
+)
 
 __all__ = [
     "Conv",
@@ -36,30 +43,9 @@ _PADDING_MODES = {"ZEROS": None, "REFLECT": "reflect", "REPLICATE": "edge", "CIR
 
 
 def _padding(owner: str, padding: Any, n: int) -> str | tuple[tuple[int, int], ...]:
-    if isinstance(padding, str):
-        p = padding.upper()
-        if p not in ("SAME", "SAME_LOWER", "VALID"):
-            raise ValueError(
-                f"{owner}: string `padding` must be 'SAME', 'SAME_LOWER' or 'VALID'; "
-                f"got {padding!r}."
-            )
-        return p
-    if isinstance(padding, int):
-        return ((padding, padding),) * n
-    padding = tuple(padding)
-    if len(padding) != n:
-        raise ValueError(
-            f"{owner}: `padding` must be an int, a string, or a sequence of {n} ints or (low, "
-            f"high) pairs; got {padding}."
-        )
-    out = []
-    for p in padding:
-        if isinstance(p, int):
-            out.append((p, p))
-        else:
-            lo, hi = p
-            out.append((int(lo), int(hi)))
-    return tuple(out)
+    """A convolution's `padding`: ints >= 0 or (low, high) pairs, or 'SAME', 'SAME_LOWER',
+    'VALID' in any case (PyTorch's 'same' and 'valid' included)."""
+    return check_padding(owner, padding, n, ("SAME", "SAME_LOWER", "VALID"))
 
 
 def _init_params(
@@ -111,8 +97,8 @@ class Conv(Module):
         out_channels: output channels.
         kernel_size: an int or one int per spatial dimension.
         stride: an int or one per spatial dimension.
-        padding: an int, one int or `(low, high)` pair per spatial dimension, `"SAME"`,
-            `"SAME_LOWER"` or `"VALID"`.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension (ints >= 0),
+            or `"SAME"`, `"SAME_LOWER"` or `"VALID"` in any case (PyTorch's `"same"`).
         dilation: an int or one per spatial dimension.
         groups: number of channel groups (divides both channel counts).
         use_bias: whether to add a bias.

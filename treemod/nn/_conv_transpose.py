@@ -47,8 +47,8 @@ class ConvTranspose(Module):
         out_channels: output channels.
         kernel_size: an int or one per spatial dimension.
         stride: an int or one per spatial dimension.
-        padding: an int, one int or `(low, high)` pair per spatial dim (cropped from the full
-            output), `"VALID"` (= 0), or `"SAME"`/`"SAME_LOWER"`: an output `stride` times
+        padding: an int, one int or `(low, high)` pair per spatial dim (ints >= 0, cropped from the
+            full output), `"VALID"` (= 0), or `"SAME"`/`"SAME_LOWER"`: an output `stride` times
             the input size, as in Equinox.
         output_padding: extra size added on the high side of each output dim (< stride);
             explicit padding only.

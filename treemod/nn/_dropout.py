@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array, Num, PRNGKeyArray
 
 from treemod._module.module import Module
 
-from ._utils import promote_input
+from ._utils import check_number, promote_input
 
 __all__ = ["Dropout"]
+
+_P_NOTE = " It is the probability of zeroing an element (0.5 is usual; 0 switches dropout off)."
 
 
 class Dropout(Module):
@@ -22,7 +25,7 @@ class Dropout(Module):
     `treemod.nn.inference_mode`) it is the identity.
 
     Arguments:
-        p: the drop probability.
+        p: the drop probability, in [0, 1] (a number, or a scalar array).
         inference: start in inference mode (identity).
 
     Example:
@@ -39,8 +42,12 @@ class Dropout(Module):
     inference: bool = False
 
     def __check_init__(self) -> None:
-        if isinstance(self.p, int | float) and not 0.0 <= self.p <= 1.0:
-            raise ValueError(f"Dropout: `p` must be in [0, 1]; got {self.p}.")
+        p = self.p
+        if isinstance(p, jax.Array | np.ndarray) and np.shape(p) == ():
+            if isinstance(p, jax.core.Tracer):
+                return  # a traced probability (built under a transform): checked by its source
+            p = np.asarray(p).item()  # a concrete scalar array is checked as its value
+        check_number("Dropout", "p", p, 0, 1, note=_P_NOTE)
 
     @property
     def deterministic(self) -> bool:

@@ -15,7 +15,7 @@ from treemod._module.module import Module, field
 
 from . import _equinox_layout as _eqx
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
-from ._utils import as_tuple, check_size, with_spatial_dims
+from ._utils import as_tuple, check_padding, check_size, with_spatial_dims
 
 __all__ = [
     "AvgPool",
@@ -28,17 +28,6 @@ __all__ = [
     "MaxPool3d",
     "Pool",
 ]
-
-
-def _pool_padding(owner: str, padding: Any, n: int) -> tuple[tuple[int, int], ...]:
-    if isinstance(padding, int):
-        return ((padding, padding),) * n
-    padding = tuple(padding)
-    if len(padding) != n:
-        raise ValueError(
-            f"{owner}: `padding` must be an int or {n} ints / (low, high) pairs; got {padding}."
-        )
-    return tuple((p, p) if isinstance(p, int) else (int(p[0]), int(p[1])) for p in padding)
 
 
 def _identity(init: Any, dtype: Any) -> np.ndarray:
@@ -65,7 +54,7 @@ class Pool(Module):
         num_spatial_dims: number of spatial dimensions.
         kernel_size: window size, an int or one per spatial dimension.
         stride: window step, an int or one per spatial dimension.
-        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension (ints >= 0).
         use_ceil: round the output size up instead of down.
         dilation: spacing between the window's elements, an int or one per spatial dimension.
         channels_last: take and return `(*batch, *spatial, channels)` arrays.
@@ -116,7 +105,7 @@ class Pool(Module):
         self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
         self.stride = as_tuple(name, "stride", stride, n)
         self.dilation = as_tuple(name, "dilation", dilation, n)
-        self.padding = _pool_padding(name, padding, n)
+        self.padding = check_padding(name, padding, n)  # type: ignore[assignment]
         self.use_ceil = use_ceil
         for k, (lo, hi) in zip(self.kernel_size, self.padding, strict=True):
             if max(lo, hi) * 2 > k:
@@ -203,7 +192,7 @@ class MaxPool(Pool):
         num_spatial_dims: number of spatial dimensions.
         kernel_size: window size, an int or one per spatial dimension.
         stride: window step, an int or one per spatial dimension.
-        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension (ints >= 0).
         use_ceil: round the output size up instead of down.
         dilation: spacing between the window's elements (PyTorch's `dilation`).
         channels_last: take and return `(*batch, *spatial, channels)` arrays.
@@ -252,7 +241,7 @@ class AvgPool(Pool):
         num_spatial_dims: number of spatial dimensions.
         kernel_size: window size, an int or one per spatial dimension.
         stride: window step, an int or one per spatial dimension.
-        padding: an int, or one int or `(low, high)` pair per spatial dimension.
+        padding: an int, or one int or `(low, high)` pair per spatial dimension (ints >= 0).
         use_ceil: round the output size up instead of down.
         channels_last: take and return `(*batch, *spatial, channels)` arrays.
 

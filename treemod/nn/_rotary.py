@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, Num, PRNGKeyArray
 from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
-from ._utils import check_size, lead, promote_input
+from ._utils import check_number, check_size, lead, promote_input
 
 __all__ = ["RotaryPositionalEmbedding"]
 
@@ -27,7 +27,7 @@ class RotaryPositionalEmbedding(Module):
 
     Arguments:
         embedding_size: the size of the last axis; must be even.
-        theta: the base of the rotation frequencies.
+        theta: the base of the rotation frequencies (a positive number).
         dtype: the dtype of the sine and cosine tables (default: the input's dtype); the
             result's dtype follows JAX's promotion of the input with it.
 
@@ -52,7 +52,10 @@ class RotaryPositionalEmbedding(Module):
                 f"got {embedding_size}."
             )
         self.embedding_size = embedding_size
-        self.theta = theta
+        note = " It is the base of the rotation frequencies (10000.0 is usual)."
+        self.theta = check_number(
+            "RotaryPositionalEmbedding", "theta", theta, 0, low_open=True, note=note
+        )
         self.dtype = None if dtype is None else jnp.dtype(dtype)
 
     def __call__(

@@ -14,7 +14,7 @@ from treemod._module.state import State, in_stateful_call, update_state
 from treemod._tree.tree_at import tree_at
 
 from . import _equinox_layout as _eqx
-from ._utils import accepts_key, check_size, require_key
+from ._utils import accepts_key, check_number, check_size, require_key
 
 __all__ = ["SpectralNorm"]
 
@@ -46,7 +46,7 @@ class SpectralNorm(Module, Generic[_Layer]):
         layer: the layer to wrap (e.g. a `Linear` or a `Conv2d`).
         weight_name: the name of the layer's weight field.
         num_power_iterations: power-method steps per training call.
-        eps: the smallest norm a vector is divided by.
+        eps: the smallest norm a vector is divided by (a positive number).
         inference: start in inference mode.
         key: for the random initial vectors.
 
@@ -85,6 +85,8 @@ class SpectralNorm(Module, Generic[_Layer]):
                 f"least two dimensions; found {found}. Pass `weight_name=` the layer's weight."
             )
         check_size("SpectralNorm", "num_power_iterations", num_power_iterations, minimum=0)
+        note = " It is the smallest norm a vector is divided by (1e-12 is usual)."
+        eps = check_number("SpectralNorm", "eps", eps, 0, low_open=True, note=note)
         require_key("SpectralNorm", key)
         matrix = jnp.reshape(weight, (weight.shape[0], -1))
         ukey, vkey = jax.random.split(key)

@@ -49,7 +49,7 @@ class Stack(Module):
         make_layer: a function from a PRNG key to one layer.
         num_layers: the depth.
         key: the PRNG key.
-        unroll: passed to `lax.scan` (layers per loop iteration).
+        unroll: passed to `lax.scan`: layers per loop iteration (a positive int), or `True` for all.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod.nn as nn
@@ -80,6 +80,7 @@ class Stack(Module):
     ) -> None:
         require_key("Stack", key)
         check_size("Stack", "num_layers", num_layers)
+        _check_unroll("Stack", unroll)
         static_box: list[Any] = []
 
         def make_arrays(k: PRNGKeyArray) -> Any:
@@ -111,6 +112,7 @@ class Stack(Module):
             >>> stack.layers.weight.shape
             (2, 4, 4)
         """
+        _check_unroll("Stack.from_layers", unroll)
         layers = list(layers)
         if not layers:
             raise ValueError("Stack.from_layers needs at least one layer.")
@@ -217,6 +219,12 @@ def _check_carry(x: Any, out: Any) -> None:
             f"its input (it is the scan carry); the layer maps {describe(x)} to "
             f"{describe(out)}."
         )
+
+
+def _check_unroll(owner: str, unroll: Any) -> None:
+    """`lax.scan`'s `unroll`: a positive int (layers per loop iteration), or a bool (all, or 1)."""
+    if not isinstance(unroll, bool):
+        check_size(owner, "unroll", unroll)
 
 
 def _template(cls: type[Stack], layers: Any, num_layers: int, unroll: int) -> Stack:

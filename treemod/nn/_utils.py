@@ -80,6 +80,98 @@ def check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_number(
+    owner: str,
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    note: str = "",
+) -> float:
+    """`value` as a float if it is a real number (not a bool or a string) within the bounds.
+
+    The numeric counterpart of `check_size`, for hyper-parameters that are not sizes:
+    probabilities (`low=0, high=1`), `eps` (`low=0, low_open=True`), momentum, a base. NaN and
+    infinities are refused; `note` is appended to the message (what the argument means).
+    Raises a `ValueError` naming the layer and the argument, as `check_size` does.
+    """
+    if low is not None and high is not None:
+        want = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low == 0 and low_open:
+        want = "a positive number"
+    elif low is not None:
+        want = f"a number {'>' if low_open else '>='} {low:g}"
+    else:
+        want = "a finite number"
+    number = isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+    if number:
+        v = float(value)
+        low_ok = low is None or (v > low if low_open else v >= low)
+        if np.isfinite(v) and low_ok and (high is None or v <= high):
+            return v
+    hint = ""
+    if isinstance(value, bool | np.bool_):
+        hint = " (a bool is not a number here)"
+    elif isinstance(value, str):
+        hint = f" (a str: pass the number itself, e.g. {name}={value.strip()})"
+    elif not number:
+        hint = f" (a {type(value).__name__})"
+    raise ValueError(f"{owner}: `{name}` must be {want}; got {value!r}{hint}.{note}")
+
+
+def check_padding(
+    owner: str, padding: Any, n: int, strings: tuple[str, ...] = ()
+) -> str | tuple[tuple[int, int], ...]:
+    """`padding` as `(low, high)` pairs per spatial dimension, or one of `strings` (upper case).
+
+    Takes an int, one int or `(low, high)` pair per spatial dimension (each an int >= 0: a
+    bool, float or negative pad is refused, as PyTorch refuses them), or, where the layer
+    allows strings, one of `strings` in any case (`"same"` and `"valid"` as PyTorch spells them).
+    """
+    if isinstance(padding, str):
+        if padding.upper() in strings:
+            return padding.upper()
+        ints = f"an int or {n} ints / (low, high) pairs of ints >= 0"
+        if not strings:
+            raise ValueError(
+                f"{owner}: `padding` must be {ints} (this layer takes no string padding); "
+                f"got {padding!r}."
+            )
+        allowed = " or ".join(", ".join(repr(s) for s in strings).rsplit(", ", 1))
+        raise ValueError(
+            f"{owner}: string `padding` must be {allowed} (any case); got {padding!r}. Or pass "
+            f"{ints}."
+        )
+    if not hasattr(padding, "__iter__"):
+        pad = check_size(owner, "padding", padding, minimum=0)
+        return ((pad, pad),) * n
+    values = tuple(padding)
+    if len(values) != n:
+        strs = f", one of {', '.join(repr(s) for s in strings)}," if strings else ""
+        raise ValueError(
+            f"{owner}: `padding` must be an int{strs} or a sequence of {n} ints or (low, high) "
+            f"pairs, one per spatial dimension; got {padding!r}."
+        )
+    out: list[tuple[int, int]] = []
+    for i, p in enumerate(values):
+        if isinstance(p, str) or not hasattr(p, "__iter__"):
+            pad = check_size(owner, f"padding[{i}]", p, minimum=0)
+            out.append((pad, pad))
+            continue
+        pair = tuple(p)
+        if len(pair) != 2:
+            raise ValueError(
+                f"{owner}: `padding[{i}]` must be an int or a (low, high) pair; got {p!r}."
+            )
+        lo, hi = (check_size(owner, f"padding[{i}][{j}]", v, minimum=0) for j, v in enumerate(pair))
+        out.append((lo, hi))
+    return tuple(out)
+
+
 def as_tuple(
     owner: str, name: str, value: int | Sequence[int], n: int, minimum: int = 1
 ) -> tuple[int, ...]:
