@@ -8,6 +8,8 @@ docs refresh, skip reasons) is tested on synthetic results.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import importlib
 import importlib.util
 import json
@@ -184,6 +186,12 @@ def test_summarise_takes_medians_ranges_and_ratios_to_plain_jax() -> None:
     assert tm["errors"] == ["RuntimeError: boom"]
 
 
+@functools.cache
+def _machine() -> dict[str, Any]:
+    """`run.machine()`, asked once: it starts a Python process to name the accelerator (~1 s)."""
+    return run.machine()
+
+
 def _data(frameworks: dict[str, str], records: list[dict]) -> dict[str, Any]:
     specs = workloads(quick=True)
     names = sorted({r["workload"] for r in records})
@@ -198,7 +206,7 @@ def _data(frameworks: dict[str, str], records: list[dict]) -> dict[str, Any]:
         "started": "t0",
         "finished": "t1",
         "duration_s": 60.0,
-        "machine": run.machine(),
+        "machine": copy.deepcopy(_machine()),
     }
     ok = [fw for fw, st in frameworks.items() if st != "skipped"]
     data = run._assemble(meta, status, specs, names, ok, records)
