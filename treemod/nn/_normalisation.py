@@ -13,7 +13,16 @@ from treemod._module.module import Module, field
 
 from ._batching import Core, batch_apply
 from ._layout import apply_image_layer, per_channel
-from ._utils import check_size, compute_dtype, default_dtype, lead, promote_input
+from ._utils import (
+    check_number,
+    check_size,
+    compute_dtype,
+    default_dtype,
+    lead,
+    promote_input,
+)
+
+_EPS_NOTE = " It is added to the variance before its square root (1e-5 is usual)."
 
 __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 
@@ -42,7 +51,7 @@ class LayerNorm(Module):
 
     Arguments:
         shape: the normalised trailing shape (an int or a tuple).
-        eps: added to the variance.
+        eps: added to the variance (a positive number).
         use_weight: learn an elementwise scale.
         use_bias: learn an elementwise shift.
         dtype: parameter dtype.
@@ -77,7 +86,7 @@ class LayerNorm(Module):
             use_weight = use_bias = elementwise_affine
         dtype = default_dtype("LayerNorm", dtype)
         self.shape = _shape("LayerNorm", shape)
-        self.eps = eps
+        self.eps = check_number("LayerNorm", "eps", eps, 0, low_open=True, note=_EPS_NOTE)
         self.use_weight = use_weight
         self.use_bias = use_bias
         self.weight = jnp.ones(self.shape, dtype) if use_weight else None
@@ -116,7 +125,7 @@ class RMSNorm(Module):
 
     Arguments:
         shape: the normalised trailing shape.
-        eps: added to the mean square.
+        eps: added to the mean square (a positive number).
         use_weight: learn an elementwise scale (init 1).
         use_bias: learn an elementwise shift (init 0).
         dtype: parameter dtype.
@@ -145,7 +154,8 @@ class RMSNorm(Module):
     ) -> None:
         dtype = default_dtype("RMSNorm", dtype)
         self.shape = _shape("RMSNorm", shape)
-        self.eps = eps
+        note = " It is added to the mean square before its square root (1e-5 is usual)."
+        self.eps = check_number("RMSNorm", "eps", eps, 0, low_open=True, note=note)
         self.use_weight = use_weight
         self.use_bias = use_bias
         self.weight = jnp.ones(self.shape, dtype) if use_weight else None
@@ -183,13 +193,15 @@ class GroupNorm(Module):
     As in Equinox, by default the input is one example `(channels, *spatial)`. To accept
     leading batch dimensions `(*batch, channels, *spatial)` (PyTorch's layout, or more), give
     `spatial_ndim`, the number of spatial dimensions: without it the layer cannot tell batch
-    dimensions from spatial ones. With `channels_last=True` the channels are the last axis,
-    `(*spatial, channels)` or `(*batch, *spatial, channels)`.
+    dimensions from spatial ones (`(4, 4, 5)` is one example or a batch of 4). Without it, an
+    input whose first axis is not `channels` is refused, with the `spatial_ndim` to pass. With
+    `channels_last=True` the channels are the last axis, `(*spatial, channels)` or
+    `(*batch, *spatial, channels)`.
 
     Arguments:
         groups: number of groups (divides `channels`).
         channels: number of channels (needed for the affine parameters).
-        eps: added to the variance.
+        eps: added to the variance (a positive number).
         channelwise_affine: learn a per-channel weight and bias.
         dtype: parameter dtype.
         spatial_ndim: number of spatial dimensions; `None` means the input is a single
@@ -240,7 +252,7 @@ class GroupNorm(Module):
         dtype = default_dtype("GroupNorm", dtype)
         self.groups = groups
         self.channels = channels
-        self.eps = eps
+        self.eps = check_number("GroupNorm", "eps", eps, 0, low_open=True, note=_EPS_NOTE)
         self.channelwise_affine = channelwise_affine
         self.spatial_ndim = spatial_ndim
         self.channels_last = channels_last
@@ -261,9 +273,38 @@ class GroupNorm(Module):
             An array of the shape and dtype of `x`.
         """
         x = promote_input(x, None if self.weight is None else self.weight.dtype)
-        spatial = jnp.ndim(x) - 1 if self.spatial_ndim is None else self.spatial_ndim
-        n = max(spatial, 0)
-        return apply_image_layer(self, self._flat, x, "channels", self.channels, n)
+        if self.spatial_ndim is not None:
+            return apply_image_layer(
+                self, self._flat, x, "channels", self.channels, self.spatial_ndim
+            )
+        try:  # one example (channels, *spatial): its first axis must be the channels
+            return apply_image_layer(
+                self, self._flat, x, "channels", self.channels, max(x.ndim - 1, 0)
+            )
+        except ValueError as e:
+            if self.channels_last or self.channels is None or x.ndim < 2:
+                raise
+            raise ValueError(self._unbatched_error(x.shape)) from e
+
+    def _unbatched_error(self, shape: tuple[int, ...]) -> str:
+        """The error for a channels-first input read as one example whose channels do not fit:
+        usually a batch given without `spatial_ndim`."""
+        c = self.channels
+        guess = next((len(shape) - 1 - i for i, d in enumerate(shape) if d == c), None)
+        read = f"one {len(shape) - 1}-d example with {shape[0]} channels"
+        how = f"no axis of {shape} has the {c} channels"
+        if guess is not None:
+            k = len(shape) - 1 - guess
+            how = (
+                f"GroupNorm({self.groups}, {c}, spatial_ndim={guess}) reads {shape} as a batch "
+                f"{shape[:k]} of examples of shape {shape[k:]}"
+            )
+        return (
+            f"GroupNorm: without `spatial_ndim`, the input is one example (channels={c}, "
+            f"*spatial); got shape {shape}, read as {read}. For a batch (*batch, channels, "
+            f"*spatial), as PyTorch's GroupNorm takes (N, C, *), pass `spatial_ndim=` the number "
+            f"of spatial dimensions: {how}."
+        )
 
     def _flat(self, x: Array) -> Array:
         n, c = x.shape[0], x.shape[-1 if self.channels_last else 1]
