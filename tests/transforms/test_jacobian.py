@@ -37,14 +37,16 @@ def _assert_trees_close(ours: Any, theirs: Any, rtol: float = 1e-5, atol: float 
 def test_jacobians_equal_jax_on_array_trees(tree: Any) -> None:
     tree = jtu.tree_map(jnp.asarray, tree)
     x = jnp.float32(0.7)
-    # Both sides under jax.jit: one compilation per example instead of one per op and shape.
-    ours, theirs = jax.jit(tm.filter_jacfwd(_outputs)), jax.jit(jax.jacfwd(_outputs))
-    _assert_trees_close(ours(tree, x), theirs(tree, x))
-    ours, theirs = jax.jit(tm.filter_jacrev(_outputs)), jax.jit(jax.jacrev(_outputs))
-    _assert_trees_close(ours(tree, x), theirs(tree, x))
     scalar = lambda t, x: _outputs(t, x)["scalar"]  # noqa: E731
-    ours, theirs = jax.jit(tm.filter_hessian(scalar)), jax.jit(jax.hessian(scalar))
-    _assert_trees_close(ours(tree, x), theirs(tree, x))
+    pairs = [
+        (tm.filter_jacfwd(_outputs), jax.jacfwd(_outputs)),
+        (tm.filter_jacrev(_outputs), jax.jacrev(_outputs)),
+        (tm.filter_hessian(scalar), jax.hessian(scalar)),
+    ]
+    # Every side under one jax.jit: one compilation per example instead of one per op and shape.
+    results = jax.jit(lambda t, x: [(ours(t, x), theirs(t, x)) for ours, theirs in pairs])(tree, x)
+    for ours, theirs in results:
+        _assert_trees_close(ours, theirs)
 
 
 class _Net(tm.Module):

@@ -28,7 +28,7 @@ def _f(tree: Any, scale: jax.Array) -> Any:
 def _like(tree: Any, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     return jax.tree_util.tree_map(
-        lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.float32), tree
+        lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), tree
     )
 
 
@@ -44,8 +44,11 @@ def test_jvp_equals_jax_jvp_on_array_trees(tree: Any) -> None:
     tree = jax.tree_util.tree_map(jnp.asarray, tree)
     scale = jnp.float32(1.5)
     tangent, t_scale = _like(tree, 0), jnp.float32(-0.5)
-    expected = jax.jvp(_f, (tree, scale), (tangent, t_scale))
-    got = tm.filter_jvp(_f, (tree, scale), (tangent, t_scale))
+    # Both sides in one jax.jit: one compilation per example instead of one per op and shape
+    # (the eager path is the Module tests' below).
+    got, expected = jax.jit(lambda p, t: (tm.filter_jvp(_f, p, t), jax.jvp(_f, p, t)))(
+        (tree, scale), (tangent, t_scale)
+    )
     _assert_trees_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
@@ -54,11 +57,17 @@ def test_jvp_equals_jax_jvp_on_array_trees(tree: Any) -> None:
 def test_vjp_equals_jax_vjp_on_array_trees(tree: Any) -> None:
     tree = jax.tree_util.tree_map(jnp.asarray, tree)
     scale = jnp.float32(1.5)
-    out, pullback = jax.vjp(_f, tree, scale)
-    got_out, vjp_fn = tm.filter_vjp(_f, tree, scale)
+    cotangent = _like(jax.eval_shape(_f, tree, scale), 1)
+
+    @jax.jit  # one compilation per example; the eager path is the Module tests' below
+    def both(tree: Any, scale: jax.Array, cotangent: Any) -> Any:
+        out, pullback = jax.vjp(_f, tree, scale)
+        got_out, vjp_fn = tm.filter_vjp(_f, tree, scale)
+        return got_out, out, vjp_fn(cotangent), pullback(cotangent)
+
+    got_out, out, got, expected = both(tree, scale, cotangent)
     _assert_trees_close(got_out, out, rtol=1e-6)
-    cotangent = _like(out, 1)
-    _assert_trees_close(vjp_fn(cotangent), pullback(cotangent), rtol=1e-6, atol=1e-6)
+    _assert_trees_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=15, deadline=None)
@@ -68,10 +77,15 @@ def test_jvp_and_vjp_are_adjoint(tree: Any, seed: int) -> None:
     tree = jax.tree_util.tree_map(jnp.asarray, tree)
     scale = jnp.float32(0.7)
     tangent = _like(tree, seed)
-    out, j_tangent = tm.filter_jvp(_f, (tree, scale), (tangent, None))
-    _, vjp_fn = tm.filter_vjp(_f, tree, scale)
-    cotangent = _like(out, seed + 1)
-    jt_cotangent, _ = vjp_fn(cotangent)
+    cotangent = _like(jax.eval_shape(_f, tree, scale), seed + 1)
+
+    @jax.jit  # one compilation per example; the eager path is the Module tests' below
+    def both(tree: Any, tangent: Any, cotangent: Any) -> Any:
+        _, j_tangent = tm.filter_jvp(_f, (tree, scale), (tangent, None))
+        _, vjp_fn = tm.filter_vjp(_f, tree, scale)
+        return j_tangent, vjp_fn(cotangent)[0]
+
+    j_tangent, jt_cotangent = both(tree, tangent, cotangent)
 
     def dot(a: Any, b: Any) -> float:
         pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
