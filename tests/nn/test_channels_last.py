@@ -27,6 +27,12 @@ def close(a, b, atol=2e-5):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=atol)
 
 
+def both(last, first, x):
+    """`last(to_last(x))` and `to_last(first(x))`, compiled as one program (one compilation per
+    example instead of two eager ones; the layers' eager calls are test_eager_calls.py's)."""
+    return jax.jit(lambda x: (last(to_last(x)), to_last(first(x))))(x)
+
+
 conv_cases = st.fixed_dictionaries(
     {
         "n": st.integers(1, 3),
@@ -53,7 +59,7 @@ def test_conv_channels_last_is_the_transposed_channels_first_conv(case):
     close(last.weight, jnp.transpose(first.weight, (*kernel, 1, 0)), atol=0)
     assert last.weight.shape == (*first.kernel_size, 2 if case["groups"] == 2 else 4, 6)
     x = rand(seed, 2, 4, *(7, 6, 5)[:n])
-    close(last(to_last(x)), to_last(first(x)))
+    close(*both(last, first, x))
 
 
 @SETTINGS
@@ -72,7 +78,7 @@ def test_conv_transpose_channels_last_is_the_transposed_channels_first_one(
     first = nn.ConvTranspose(n, 4, 6, groups=groups, key=key, **kw)
     last = nn.ConvTranspose(n, 4, 6, groups=groups, key=key, channels_last=True, **kw)
     x = rand(seed, 2, 4, *(5, 4, 3)[:n])
-    close(last(to_last(x)), to_last(first(x)))
+    close(*both(last, first, x))
 
 
 @SETTINGS
@@ -90,8 +96,7 @@ def test_pools_channels_last_are_the_transposed_channels_first_ones(
 ):
     kw = dict(kernel_size=kernel_size, stride=stride, padding=padding, use_ceil=use_ceil)
     x = rand(seed, 2, 3, *(7, 6, 5)[:n])
-    expected = to_last(pool(n, **kw)(x))
-    close(pool(n, **kw, channels_last=True)(to_last(x)), expected)
+    close(*both(pool(n, **kw, channels_last=True), pool(n, **kw), x))
 
 
 @pytest.mark.usefixtures("shape_checks_on")
@@ -142,10 +147,11 @@ def test_group_norm_channels_last_matches_channels_first(groups, spatial, batche
         layer = nn.GroupNorm(groups, 6, spatial_ndim=ndim, channels_last=last)
         return jax.tree.map(lambda v: v + shift, layer)  # weight and bias that differ per channel
 
+    last, first = build(True), build(False)
     if batched:
-        close(build(True)(to_last(x)), to_last(build(False)(x)), atol=1e-5)
+        close(*both(last, first, x), atol=1e-5)
     else:
-        close(build(True)(to_last(x)[0]), to_last(build(False)(x[0])[None])[0], atol=1e-5)
+        close(*both(lambda x: last(x[0])[None], lambda x: first(x[0])[None], x), atol=1e-5)
 
 
 def test_batch_norm_channels_last_under_vmap_with_an_axis_name():

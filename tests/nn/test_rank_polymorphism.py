@@ -24,6 +24,12 @@ def _vmapped(fn, n_batch, in_axes):
     return fn
 
 
+def _both(got, expected, *args):
+    """`got(*args)` and `expected(*args)`, compiled as one program (one compilation per
+    example instead of one per operation: the batch handling traced is the same)."""
+    return jax.jit(lambda *a: (got(*a), expected(*a)))(*args)
+
+
 # name -> (layer, unbatched input shapes)
 SINGLE = {
     "Linear": (nn.Linear(4, 3, key=K), (4,)),
@@ -70,8 +76,8 @@ SINGLE = {
 def test_single_input_layers(name, batch):
     layer, core = SINGLE[name]
     x = _rand(1, batch + core)
-    expected = _vmapped(layer, len(batch), 0)(x)
-    np.testing.assert_allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
+    got, expected = _both(layer, _vmapped(layer, len(batch), 0), x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=3, deadline=None)
@@ -79,7 +85,7 @@ def test_single_input_layers(name, batch):
 def test_embedding(batch):
     emb = nn.Embedding(7, 3, key=K)
     idx = jax.random.randint(jax.random.key(1), batch, 0, 7)
-    np.testing.assert_array_equal(emb(idx), _vmapped(emb, len(batch), 0)(idx))
+    np.testing.assert_array_equal(*_both(emb, _vmapped(emb, len(batch), 0), idx))
 
 
 @settings(max_examples=3, deadline=None)
@@ -88,8 +94,7 @@ def test_dropout_is_elementwise(batch):
     # One mask for the whole input: element i is kept iff it is kept in the flattened call.
     drop = nn.Dropout(0.5)
     x = jnp.ones(batch + (4,))
-    y = drop(x, key=K)
-    flat = drop(x.reshape(-1), key=K)
+    y, flat = _both(lambda x: drop(x, key=K), lambda x: drop(x.reshape(-1), key=K), x)
     np.testing.assert_array_equal(y.reshape(-1), flat)
 
 
@@ -103,13 +108,18 @@ def test_multihead_attention(batch, masked, causal):
     def one(q, k, v, m):
         return mha(q, k, v, m, causal=causal)
 
-    expected = _vmapped(one, len(batch), (0, 0, 0, 0 if masked else None))(q, k, v, mask)
-    np.testing.assert_allclose(mha(q, k, v, mask, causal=causal), expected, rtol=1e-5, atol=1e-5)
-    # Key/value without batch dims are broadcast, like vmap with in_axes=None.
-    expected = _vmapped(one, len(batch), (0, None, None, None))(
-        q, k[(0,) * len(batch)], v[(0,) * len(batch)], None
+    got, expected = _both(
+        one, _vmapped(one, len(batch), (0, 0, 0, 0 if masked else None)), q, k, v, mask
     )
-    got = mha(q, k[(0,) * len(batch)], v[(0,) * len(batch)], causal=causal)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # Key/value without batch dims are broadcast, like vmap with in_axes=None.
+    unbatched = k[(0,) * len(batch)], v[(0,) * len(batch)]
+    got, expected = _both(
+        lambda q, k, v: mha(q, k, v, causal=causal),
+        lambda q, k, v: _vmapped(one, len(batch), (0, None, None, None))(q, k, v, None),
+        q,
+        *unbatched,
+    )
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -118,9 +128,8 @@ def test_multihead_attention(batch, masked, causal):
 def test_gru_cell(batch):
     cell = nn.GRUCell(3, 4, key=K)
     x, h = _rand(1, batch + (3,)), _rand(2, batch + (4,))
-    np.testing.assert_allclose(
-        cell(x, h), _vmapped(cell, len(batch), 0)(x, h), rtol=1e-5, atol=1e-6
-    )
+    got, expected = _both(cell, _vmapped(cell, len(batch), 0), x, h)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=3, deadline=None)
@@ -128,8 +137,13 @@ def test_gru_cell(batch):
 def test_lstm_cell(batch):
     cell = nn.LSTMCell(3, 4, key=K)
     x, h, c = _rand(1, batch + (3,)), _rand(2, batch + (4,)), _rand(3, batch + (4,))
-    got = cell(x, (h, c))
-    expected = _vmapped(lambda x, h, c: cell(x, (h, c)), len(batch), 0)(x, h, c)
+    got, expected = _both(
+        lambda x, h, c: cell(x, (h, c)),
+        _vmapped(lambda x, h, c: cell(x, (h, c)), len(batch), 0),
+        x,
+        h,
+        c,
+    )
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
