@@ -1,4 +1,8 @@
-"""Gradients of every layer against finite differences (`check_grads`, in float64)."""
+"""Gradients of every layer against finite differences (`check_grads`, in float64).
+
+The functions checked are wrapped in `jax.jit`: `check_grads` calls them many times with
+perturbed inputs of one shape, which then costs one compilation instead of one per operation
+and call (the layers' eager paths are tested in test_eager_calls.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +62,7 @@ def test_check_grads(name):
             params, xs = jax.tree_util.tree_map(jnp.asarray, (params, xs))
             return tm.combine(params, static)(*xs)
 
-        check_grads(f, (params, *xs), order=1, modes=["rev"], atol=1e-5, rtol=1e-5)
+        check_grads(jax.jit(f), (params, *xs), order=1, modes=["rev"], atol=1e-5, rtol=1e-5)
 
 
 def test_lstm_and_dropout_and_embedding_grads():
@@ -68,12 +72,15 @@ def test_lstm_and_dropout_and_embedding_grads():
             jax.random.normal(jax.random.key(i), s, F64) for i, s in enumerate([(2,), (3,), (3,)])
         )
         a = jnp.asarray
-        check_grads(lambda x, h, c: cell(a(x), (a(h), a(c))), (x, h, c), order=1, modes=["rev"])
+        lstm = jax.jit(lambda x, h, c: cell(a(x), (a(h), a(c))))
+        check_grads(lstm, (x, h, c), order=1, modes=["rev"])
         drop = nn.Dropout(0.3)
-        check_grads(lambda x: drop(a(x), key=jax.random.key(0)), (h,), order=1, modes=["rev"])
+        dropped = jax.jit(lambda x: drop(a(x), key=jax.random.key(0)))
+        check_grads(dropped, (h,), order=1, modes=["rev"])
         emb = nn.Embedding(5, 3, dtype=F64, key=jax.random.key(0))
         idx = jnp.array([0, 3, 3])
-        check_grads(lambda w: nn.Embedding(weight=a(w))(idx), (emb.weight,), order=1, modes=["rev"])
+        looked_up = jax.jit(lambda w: nn.Embedding(weight=a(w))(idx))
+        check_grads(looked_up, (emb.weight,), order=1, modes=["rev"])
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 """Layers with a PyTorch counterpart: copy the parameters into it and compare (float32)."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -524,12 +526,20 @@ def test_pools_3d(case):
 )
 def test_adaptive_pools(size, target):
     x = rand(5, 2, 3, *size)
-    for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))):
-        xd = x[(..., *cut)] if cut else x
-        for kind in ("Avg", "Max"):
-            ours = getattr(nn, f"Adaptive{kind}Pool{d}d")(target[:d])
-            theirs = getattr(torch.nn, f"Adaptive{kind}Pool{d}d")(target[:d])
-            close(ours(xd), theirs(t(xd)))
+    cases = [
+        (d, cut, kind) for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))) for kind in ("Avg", "Max")
+    ]
+
+    @jax.jit  # the six pools in one program: one compilation, not one per pool
+    def pools(x):
+        return [
+            getattr(nn, f"Adaptive{kind}Pool{d}d")(target[:d])(x[(..., *cut)] if cut else x)
+            for d, cut, kind in cases
+        ]
+
+    for ours, (d, cut, kind) in zip(pools(x), cases, strict=True):
+        theirs = getattr(torch.nn, f"Adaptive{kind}Pool{d}d")(target[:d])
+        close(ours, theirs(t(x[(..., *cut)] if cut else x)))
 
 
 def test_adaptive_max_pool_gradient_matches_torch():
@@ -545,6 +555,18 @@ def _last(x):
     return jnp.moveaxis(x, 1, -1)
 
 
+@partial(jax.jit, static_argnums=(2, 3))
+def _adaptive_pools(x, last, goal, d):
+    """The general adaptive pools (mean, max, min) in both layouts and the channels-last
+    AdaptiveAvgPool/AdaptiveMaxPool, as one program: one compilation, not one per pool."""
+    ops = (jnp.mean, jnp.max, jnp.min)
+    general = [nn.AdaptivePool(goal, d, op)(x) for op in ops]
+    general_last = [nn.AdaptivePool(goal, d, op, channels_last=True)(last) for op in ops]
+    avg_last = nn.AdaptiveAvgPool(goal, d, channels_last=True)(last)
+    max_last = nn.AdaptiveMaxPool(goal, d, channels_last=True)(last)
+    return general, general_last, avg_last, max_last
+
+
 @pytest.mark.parametrize("size,target", [((7, 5, 4), (3, 2, 2)), ((4, 6, 3), (4, 7, 5))])
 def test_general_and_channels_last_adaptive_pools_match_torch(size, target):
     x = rand(7, 2, 3, *size)
@@ -555,12 +577,12 @@ def test_general_and_channels_last_adaptive_pools_match_torch(size, target):
         big = getattr(torch.nn, f"AdaptiveMaxPool{d}d")
         mean, top = avg(goal)(t(xd)), big(goal)(t(xd))
         bottom = -big(goal)(-t(xd))
-        for op, theirs in ((jnp.mean, mean), (jnp.max, top), (jnp.min, bottom)):
-            close(nn.AdaptivePool(goal, d, op)(xd), theirs)
-            pool = nn.AdaptivePool(goal, d, op, channels_last=True)
-            close(pool(_last(xd)), theirs.movedim(1, -1))
-        close(nn.AdaptiveAvgPool(goal, d, channels_last=True)(_last(xd)), mean.movedim(1, -1))
-        close(nn.AdaptiveMaxPool(goal, d, channels_last=True)(_last(xd)), top.movedim(1, -1))
+        general, general_last, avg_last, max_last = _adaptive_pools(xd, _last(xd), goal, d)
+        for ours, ours_last, theirs in zip(general, general_last, (mean, top, bottom), strict=True):
+            close(ours, theirs)
+            close(ours_last, theirs.movedim(1, -1))
+        close(avg_last, mean.movedim(1, -1))
+        close(max_last, top.movedim(1, -1))
 
 
 def test_general_pool_matches_torch_in_both_layouts():
@@ -619,7 +641,7 @@ def test_weight_norm_matches_torch_parametrization(kind):
         ref.parametrizations.weight.original0.mul_(1.5)
     close(ours(x), ref(t(x)))
     weights = rand(11, *ours(x).shape)
-    grads = jax.grad(lambda m: jnp.sum(m(x) * weights))(ours)
+    grads = jax.jit(jax.grad(lambda m: jnp.sum(m(x) * weights)))(ours)
     (ref(t(x)) * t(weights)).sum().backward()
     close(grads.g.reshape(-1), ref.parametrizations.weight.original0.grad.reshape(-1))
     close(grads.layer.weight, ref.parametrizations.weight.original1.grad)
@@ -646,7 +668,8 @@ def test_spectral_norm_matches_torch_parametrization(iterations):
         y, model = tm.stateful(model)(x)
         return jnp.sum(y * weights), (y, model)
 
-    grads, (y, updated) = jax.grad(loss, has_aux=True)(ours, x)
+    # Under jax.jit: one compilation instead of one per eager operation of the power method.
+    grads, (y, updated) = jax.jit(jax.grad(loss, has_aux=True))(ours, x)
     y_ref = ref(t(x))  # training mode: power iterations, then the normalised weight
     close(y, y_ref)
     close(updated.u.value, sn._u)
