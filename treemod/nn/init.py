@@ -19,16 +19,19 @@ Example:
     Array([0, 0], dtype=bfloat16)
 """
 
-from __future__ import annotations
+# Every import is under a private name (and no `from __future__ import annotations`, which
+# would bind `annotations`), so the module's public names are its initialisers alone.
+import functools as _functools
+import math as _math
+from collections.abc import Callable as _Callable
+from collections.abc import Sequence as _Sequence
+from typing import Any as _Any
+from typing import Literal as _Literal
 
-import functools
-import math
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
-
-import jax
-import jax.numpy as jnp
-from jaxtyping import Array, PRNGKeyArray
+import jax as _jax
+import jax.numpy as _jnp
+from jaxtyping import Array as _Array
+from jaxtyping import PRNGKeyArray as _PRNGKeyArray
 
 __all__ = [
     "Initializer",
@@ -54,41 +57,41 @@ __all__ = [
     "zeros",
 ]
 
-DType = Any
+_DType = _Any
 
 
 def _normal(
-    key: PRNGKeyArray, shape: tuple[int, ...], stddev: float = 1.0, mean: float = 0.0
-) -> Array:
-    return jax.random.normal(key, shape, jnp.float32) * stddev + mean
+    key: _PRNGKeyArray, shape: tuple[int, ...], stddev: float = 1.0, mean: float = 0.0
+) -> _Array:
+    return _jax.random.normal(key, shape, _jnp.float32) * stddev + mean
 
 
-def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], minval: float, maxval: float) -> Array:
-    return jax.random.uniform(key, shape, jnp.float32, minval, maxval)
+def _uniform(key: _PRNGKeyArray, shape: tuple[int, ...], minval: float, maxval: float) -> _Array:
+    return _jax.random.uniform(key, shape, _jnp.float32, minval, maxval)
 
 
 def _truncated_normal(
-    key: PRNGKeyArray,
+    key: _PRNGKeyArray,
     shape: tuple[int, ...],
     lower: float = -2.0,
     upper: float = 2.0,
     stddev: float = 1.0,
     mean: float = 0.0,
-) -> Array:
-    return jax.random.truncated_normal(key, lower, upper, shape, jnp.float32) * stddev + mean
+) -> _Array:
+    return _jax.random.truncated_normal(key, lower, upper, shape, _jnp.float32) * stddev + mean
 
 
-Initializer = Callable[..., Array]
+Initializer = _Callable[..., _Array]
 """The type of an initialiser: `init(key, shape, dtype=jnp.float32) -> Array`."""
 
 
 def _draw(
     name: str,
-    sample: Callable[[PRNGKeyArray, tuple[int, ...]], Array],
-    key: PRNGKeyArray,
-    shape: Sequence[int],
-    dtype: DType,
-) -> Array:
+    sample: _Callable[[_PRNGKeyArray, tuple[int, ...]], _Array],
+    key: _PRNGKeyArray,
+    shape: _Sequence[int],
+    dtype: _DType,
+) -> _Array:
     """`sample(key, shape)` (float32), drawn as one flat vector and reshaped.
 
     JAX's random numbers depend only on the flat index, so the values are those of drawing
@@ -97,18 +100,18 @@ def _draw(
     `dtype` the real and imaginary parts are two independent draws of the same law, from the
     two halves of `key`.
     """
-    shape, flat = tuple(shape), (math.prod(shape),)
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        real_key, imag_key = jax.random.split(key)
-        return jax.lax.complex(sample(real_key, flat), sample(imag_key, flat)).reshape(shape)
-    if not jnp.issubdtype(dtype, jnp.floating):
+    shape, flat = tuple(shape), (_math.prod(shape),)
+    if _jnp.issubdtype(dtype, _jnp.complexfloating):
+        real_key, imag_key = _jax.random.split(key)
+        return _jax.lax.complex(sample(real_key, flat), sample(imag_key, flat)).reshape(shape)
+    if not _jnp.issubdtype(dtype, _jnp.floating):
         raise TypeError(
-            f"init.{name}: dtype must be a floating or complex dtype, got {jnp.dtype(dtype)}."
+            f"init.{name}: dtype must be a floating or complex dtype, got {_jnp.dtype(dtype)}."
         )
     return sample(key, flat).reshape(shape)
 
 
-def zeros(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def zeros(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
     """All zeros (the key is ignored).
 
     Example:
@@ -116,10 +119,10 @@ def zeros(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -
         >>> nn.init.zeros(jax.random.key(0), (2,))
         Array([0., 0.], dtype=float32)
     """
-    return jnp.zeros(tuple(shape), dtype)
+    return _jnp.zeros(tuple(shape), dtype)
 
 
-def ones(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def ones(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
     """All ones (the key is ignored).
 
     Example:
@@ -127,7 +130,7 @@ def ones(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) ->
         >>> nn.init.ones(jax.random.key(0), (2,))
         Array([1., 1.], dtype=float32)
     """
-    return jnp.ones(tuple(shape), dtype)
+    return _jnp.ones(tuple(shape), dtype)
 
 
 def constant(value: float) -> Initializer:
@@ -142,8 +145,8 @@ def constant(value: float) -> Initializer:
         Array([0.5, 0.5], dtype=float32)
     """
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        return jnp.full(tuple(shape), value, dtype)
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
+        return _jnp.full(tuple(shape), value, dtype)
 
     return init
 
@@ -161,8 +164,8 @@ def normal(stddev: float = 1.0, mean: float = 0.0) -> Initializer:
         (3, 2)
     """
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        sample = functools.partial(_normal, stddev=stddev, mean=mean)
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
+        sample = _functools.partial(_normal, stddev=stddev, mean=mean)
         return _draw("normal", sample, key, shape, dtype).astype(dtype)
 
     return init
@@ -189,8 +192,8 @@ def truncated_normal(
         True
     """
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        sample = functools.partial(
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
+        sample = _functools.partial(
             _truncated_normal, lower=lower, upper=upper, stddev=stddev, mean=mean
         )
         return _draw("truncated_normal", sample, key, shape, dtype).astype(dtype)
@@ -212,14 +215,14 @@ def uniform(minval: float = 0.0, maxval: float = 1.0) -> Initializer:
         True
     """
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
-        sample = functools.partial(_uniform, minval=minval, maxval=maxval)
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
+        sample = _functools.partial(_uniform, minval=minval, maxval=maxval)
         return _draw("uniform", sample, key, shape, dtype).astype(dtype)
 
     return init
 
 
-def fans(shape: Sequence[int], in_axis: int = 1, out_axis: int = 0) -> tuple[int, int]:
+def fans(shape: _Sequence[int], in_axis: int = 1, out_axis: int = 0) -> tuple[int, int]:
     """`(fan_in, fan_out)` of a weight of `shape` (PyTorch layout `(out, in, *kernel)` by default).
 
     A 1-d shape has `fan_in = fan_out = shape[0]`.
@@ -240,7 +243,7 @@ def fans(shape: Sequence[int], in_axis: int = 1, out_axis: int = 0) -> tuple[int
     if len(shape) == 1:
         return shape[0], shape[0]
     n_in, n_out = shape[in_axis], shape[out_axis]
-    receptive = math.prod(
+    receptive = _math.prod(
         s for i, s in enumerate(shape) if i not in (in_axis % len(shape), out_axis % len(shape))
     )
     return n_in * receptive, n_out * receptive
@@ -248,8 +251,8 @@ def fans(shape: Sequence[int], in_axis: int = 1, out_axis: int = 0) -> tuple[int
 
 def variance_scaling(
     scale: float,
-    mode: Literal["fan_in", "fan_out", "fan_avg"],
-    distribution: Literal["uniform", "normal", "truncated_normal"],
+    mode: _Literal["fan_in", "fan_out", "fan_avg"],
+    distribution: _Literal["uniform", "normal", "truncated_normal"],
     in_axis: int = 1,
     out_axis: int = 0,
 ) -> Initializer:
@@ -280,26 +283,28 @@ def variance_scaling(
             f"got {distribution!r}"
         )
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
         fan_in, fan_out = fans(shape, in_axis, out_axis)
         n = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
         variance = scale / max(n, 1)
         shape = tuple(shape)
         if distribution == "uniform":
-            bound = math.sqrt(3.0 * variance)
-            sample = functools.partial(_uniform, minval=-bound, maxval=bound)
+            bound = _math.sqrt(3.0 * variance)
+            sample = _functools.partial(_uniform, minval=-bound, maxval=bound)
             x = _draw("variance_scaling", sample, key, shape, dtype)
         elif distribution == "normal":
-            x = _draw("variance_scaling", _normal, key, shape, dtype) * math.sqrt(variance)
+            x = _draw("variance_scaling", _normal, key, shape, dtype) * _math.sqrt(variance)
         else:
-            std = math.sqrt(variance) / 0.87962566103423978
+            std = _math.sqrt(variance) / 0.87962566103423978
             x = _draw("variance_scaling", _truncated_normal, key, shape, dtype) * std
         return x.astype(dtype)
 
     return init
 
 
-def glorot_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def glorot_uniform(
+    key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32
+) -> _Array:
     """Glorot (Xavier) uniform: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)).
 
     Example:
@@ -310,7 +315,9 @@ def glorot_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.f
     return variance_scaling(1.0, "fan_avg", "uniform")(key, shape, dtype)
 
 
-def glorot_normal(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def glorot_normal(
+    key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32
+) -> _Array:
     """Glorot (Xavier) normal: N(0, 2 / (fan_in + fan_out)).
 
     Example:
@@ -321,7 +328,7 @@ def glorot_normal(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.fl
     return variance_scaling(1.0, "fan_avg", "normal")(key, shape, dtype)
 
 
-def he_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def he_uniform(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
     """He (Kaiming) uniform for ReLU: U(-a, a) with a = sqrt(6 / fan_in).
 
     Example:
@@ -332,7 +339,7 @@ def he_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float
     return variance_scaling(2.0, "fan_in", "uniform")(key, shape, dtype)
 
 
-def he_normal(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def he_normal(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
     """He (Kaiming) normal for ReLU: N(0, 2 / fan_in).
 
     Example:
@@ -343,7 +350,9 @@ def he_normal(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float3
     return variance_scaling(2.0, "fan_in", "normal")(key, shape, dtype)
 
 
-def lecun_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def lecun_uniform(
+    key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32
+) -> _Array:
     """LeCun uniform: U(-a, a) with a = sqrt(3 / fan_in).
 
     Example:
@@ -354,7 +363,7 @@ def lecun_uniform(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.fl
     return variance_scaling(1.0, "fan_in", "uniform")(key, shape, dtype)
 
 
-def lecun_normal(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def lecun_normal(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
     """LeCun normal: N(0, 1 / fan_in).
 
     Example:
@@ -371,7 +380,9 @@ kaiming_uniform = he_uniform
 kaiming_normal = he_normal
 
 
-def pytorch_default(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+def pytorch_default(
+    key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32
+) -> _Array:
     """PyTorch's default Linear/Conv weight init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 
     This is `kaiming_uniform_(a=sqrt(5))`, PyTorch's default.
@@ -402,14 +413,14 @@ def orthogonal(scale: float = 1.0, column_axis: int = -1) -> Initializer:
         True
     """
 
-    def init(key: PRNGKeyArray, shape: Sequence[int], dtype: DType = jnp.float32) -> Array:
+    def init(key: _PRNGKeyArray, shape: _Sequence[int], dtype: _DType = _jnp.float32) -> _Array:
         shape = tuple(shape)
         if len(shape) < 2:
             raise ValueError(f"init.orthogonal needs a shape with at least 2 dims; got {shape}.")
-        rows, cols = shape[0], math.prod(shape[1:])
+        rows, cols = shape[0], _math.prod(shape[1:])
         a = _draw("orthogonal", _normal, key, (max(rows, cols), min(rows, cols)), dtype)
-        q, r = jnp.linalg.qr(a)
-        q = q * jnp.sign(jnp.diagonal(r))[None, :]  # a unit phase for complex
+        q, r = _jnp.linalg.qr(a)
+        q = q * _jnp.sign(_jnp.diagonal(r))[None, :]  # a unit phase for complex
         if rows < cols:
             q = q.T
         return (q.reshape(shape) * scale).astype(dtype)
