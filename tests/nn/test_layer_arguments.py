@@ -333,3 +333,29 @@ def test_stack_unroll(bad: Any) -> None:
     with pytest.raises(ValueError, match=r"^Stack.from_layers: `unroll` must be a positive int"):
         nn.Stack.from_layers(layers, unroll=bad)
     nn.Stack(make, 2, key=K, unroll=True)  # lax.scan's full unroll
+
+
+@pytest.mark.parametrize(
+    "owner, make",
+    [
+        ("Conv2d", lambda v: nn.Conv2d(2, 4, 3, padding_mode=v, key=K)),
+        ("ConvTranspose2d", lambda v: nn.ConvTranspose2d(2, 4, 3, padding_mode=v, key=K)),
+    ],
+    ids=["Conv2d", "ConvTranspose2d"],
+)
+@pytest.mark.parametrize("bad", [1, None, True], ids=repr)
+def test_padding_mode_must_be_a_string(owner: str, make: Callable, bad: Any) -> None:
+    # Was AttributeError: 'int' object has no attribute 'upper'.
+    with pytest.raises(ValueError, match=rf"^{owner}: `padding_mode` must be .*; got {bad!r}"):
+        make(bad)
+    assert make("circular").padding_mode == "CIRCULAR"
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "0"], ids=repr)
+def test_weight_norm_axis_must_be_an_int_or_none(bad: Any) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"^WeightNorm: `axis` must be an int .* or None; got {re.escape(repr(bad))}",
+    ):
+        nn.WeightNorm(nn.Linear(2, 3, key=K), axis=bad)
+    assert nn.WeightNorm(nn.Linear(2, 3, key=K), axis=None).axis is None

@@ -162,7 +162,7 @@ class Conv(Module):
                 f"{name}: `groups`={groups} must divide in_channels={in_channels} and "
                 f"out_channels={out_channels}."
             )
-        if padding_mode.upper() not in _PADDING_MODES:
+        if not isinstance(padding_mode, str) or padding_mode.upper() not in _PADDING_MODES:
             raise ValueError(
                 f"{name}: `padding_mode` must be one of {sorted(_PADDING_MODES)}; got "
                 f"{padding_mode!r}."

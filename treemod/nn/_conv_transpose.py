@@ -129,7 +129,7 @@ class ConvTranspose(Module):
                     f"{name}: `output_padding` {self.output_padding} must be smaller than the "
                     f"stride {self.stride} or the dilation {self.dilation}."
                 )
-        if padding_mode.upper() not in ("ZEROS", "CIRCULAR"):
+        if not isinstance(padding_mode, str) or padding_mode.upper() not in ("ZEROS", "CIRCULAR"):
             raise ValueError(
                 f"{name}: `padding_mode` must be 'ZEROS' or 'CIRCULAR'; got {padding_mode!r} "
                 "(reflect and replicate padding have no transposed convolution here)."

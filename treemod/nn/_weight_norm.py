@@ -61,6 +61,11 @@ class WeightNorm(Module, Generic[_Layer]):
                 f"WeightNorm: {type(layer).__name__} has no array field {weight_name!r} to "
                 "normalise; pass `weight_name=` the name of its weight."
             )
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
+            raise ValueError(
+                f"WeightNorm: `axis` must be an int (the axis the norm keeps) or None; got "
+                f"{axis!r}{' (a bool is not an axis)' if isinstance(axis, bool) else ''}."
+            )
         if axis is not None and not -weight.ndim <= axis < weight.ndim:
             raise ValueError(
                 f"WeightNorm: `axis={axis}` is out of range for the weight "
