@@ -359,3 +359,16 @@ def test_weight_norm_axis_must_be_an_int_or_none(bad: Any) -> None:
     ):
         nn.WeightNorm(nn.Linear(2, 3, key=K), axis=bad)
     assert nn.WeightNorm(nn.Linear(2, 3, key=K), axis=None).axis is None
+
+
+def test_dropout_takes_an_array_of_probabilities() -> None:
+    # An array p broadcast against the input (as before); each value must be in [0, 1].
+    assert nn.Dropout(jnp.array([0.0, 0.5])).p.shape == (2,)
+    with pytest.raises(
+        ValueError, match=r"^Dropout: `p` must be in \[0, 1\]; got an array of shape \(2,\)"
+    ):
+        nn.Dropout(jnp.array([0.5, 1.5]))
+    with pytest.raises(
+        ValueError, match=r"^Dropout: `p` must be in \[0, 1\]; got an array of shape \(2,\)"
+    ):
+        nn.Dropout(jnp.array([0.5, jnp.nan]))

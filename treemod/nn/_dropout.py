@@ -43,10 +43,19 @@ class Dropout(Module):
 
     def __check_init__(self) -> None:
         p = self.p
-        if isinstance(p, jax.Array | np.ndarray) and np.shape(p) == ():
+        if isinstance(p, jax.Array | np.ndarray):
             if isinstance(p, jax.core.Tracer):
                 return  # a traced probability (built under a transform): checked by its source
-            p = np.asarray(p).item()  # a concrete scalar array is checked as its value
+            values = np.asarray(p)
+            if values.ndim == 0:
+                p = values.item()  # a concrete scalar array is checked as its value
+            elif values.dtype.kind not in "iuf" or not ((values >= 0) & (values <= 1)).all():
+                raise ValueError(
+                    f"Dropout: `p` must be in [0, 1]; got an array of shape {values.shape} and "
+                    f"dtype {values.dtype} with values outside [0, 1].{_P_NOTE}"
+                )
+            else:
+                return  # probabilities broadcast against the input, each in [0, 1]
         check_number("Dropout", "p", p, 0, 1, note=_P_NOTE)
 
     @property
