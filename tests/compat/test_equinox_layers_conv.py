@@ -147,17 +147,23 @@ def test_conv_takes_one_example_as_equinox(layer: str) -> None:
     assert jax.vmap(conv)(jnp.ones((4, 2, 5, 5))).shape[0] == 4
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+_POOL_OPTIONS = [
+    {},
+    {"stride": 2, "padding": 1},
+    {"stride": 2, "use_ceil": True},
+    {"stride": 2, "padding": 1, "use_ceil": True},
+    {"stride": (1, 2, 2), "padding": ((0, 1), (1, 0), (1, 1)), "use_ceil": True},
+]
+
+
+# The windows and `use_ceil`'s padding are worked out per axis alike: every option in one
+# dimension, and in two and three dimensions the options that combine axes (the plain one and
+# per-axis strides and paddings with use_ceil); each for both reductions.
 @pytest.mark.parametrize("kind", ["Max", "Avg"])
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        {},
-        {"stride": 2, "padding": 1},
-        {"stride": 2, "use_ceil": True},
-        {"stride": 2, "padding": 1, "use_ceil": True},
-        {"stride": (1, 2, 2), "padding": ((0, 1), (1, 0), (1, 1)), "use_ceil": True},
-    ],
+    ("n", "kwargs"),
+    [(1, options) for options in _POOL_OPTIONS]
+    + [(n, _POOL_OPTIONS[i]) for n in (2, 3) for i in (0, 4)],
 )
 def test_pools_are_equinoxs(n: int, kind: str, kwargs: dict) -> None:
     kwargs = {k: v[:n] if isinstance(v, tuple) else v for k, v in kwargs.items()}
@@ -182,9 +188,13 @@ def test_general_pool_and_its_ceil_error() -> None:
         eqx.nn.MaxPool1d(3, stride=3, padding=1, use_ceil=True)(_x(2, 8))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+# Equinox's windows are computed axis by axis, the same way on every axis: every (target, size)
+# kind (dividing, uneven runs, one run each) in one dimension, and an uneven case in two and
+# three dimensions for the axes' loop; each for both reductions.
 @pytest.mark.parametrize("kind", ["Max", "Avg"])
-@pytest.mark.parametrize(("target", "size"), [(2, 4), (3, 7), (4, 9), (5, 5)])
+@pytest.mark.parametrize(
+    ("n", "target", "size"), [(1, 2, 4), (1, 3, 7), (1, 4, 9), (1, 5, 5), (2, 4, 9), (3, 3, 7)]
+)
 def test_adaptive_pools_use_equinoxs_windows(n: int, kind: str, target: int, size: int) -> None:
     theirs = getattr(eqx.nn, f"Adaptive{kind}Pool{n}d")(target)
     ours = getattr(ceqx.nn, f"Adaptive{kind}Pool{n}d")(target)
@@ -199,9 +209,7 @@ def test_adaptive_pool_general_and_too_short() -> None:
         ceqx.nn.AdaptiveAvgPool1d(3)(_x(1, 2))
 
 
-@pytest.mark.parametrize(
-    "alpha", [0.25, 0.1, jnp.array([0.1, 0.2, 0.3]), jnp.array(0.5, jnp.float16)]
-)
+@pytest.mark.parametrize("alpha", [0.25, jnp.array([0.1, 0.2, 0.3]), jnp.array(0.5, jnp.float16)])
 def test_prelu_is_equinoxs(alpha: Any) -> None:
     theirs, ours = eqx.nn.PReLU(alpha), ceqx.nn.PReLU(alpha)
     assert ours.negative_slope.shape == theirs.negative_slope.shape
