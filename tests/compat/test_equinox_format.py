@@ -319,17 +319,14 @@ CASES: dict[str, Case] = {
         stateful=True,
     ),
 }
+# Convolutions in every dimension (their kernels' layouts are converted per dimension); the
+# grouped layouts, whose conversion does not depend on the dimension, in two dimensions.
 for _n in (1, 2, 3):
     _sp = (5,) * _n
     CASES[f"Conv{_n}d"] = Case(
         lambda nn, n=_n: getattr(nn, f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=KEY),
         lambda s, n=_n: getattr(T(), f"Conv{n}d")(2, 4, 3, stride=2, padding=1, key=_k(s)),
         _x(2, *_sp),
-    )
-    CASES[f"Conv{_n}d_groups"] = Case(
-        lambda nn, n=_n: getattr(nn, f"Conv{n}d")(4, 6, 2, groups=2, key=KEY),
-        lambda s, n=_n: getattr(T(), f"Conv{n}d")(4, 6, 2, groups=2, key=_k(s)),
-        _x(4, *_sp),
     )
     CASES[f"ConvTranspose{_n}d"] = Case(
         lambda nn, n=_n: getattr(nn, f"ConvTranspose{n}d")(
@@ -340,24 +337,29 @@ for _n in (1, 2, 3):
         ),
         _x(2, *_sp),
     )
-    CASES[f"ConvTranspose{_n}d_groups"] = Case(
-        lambda nn, n=_n: getattr(nn, f"ConvTranspose{n}d")(4, 6, 3, dilation=2, groups=2, key=KEY),
-        lambda s, n=_n: getattr(T(), f"ConvTranspose{n}d")(
-            4, 6, 3, dilation=2, groups=2, key=_k(s)
-        ),
-        _x(4, *_sp),
+CASES["Conv2d_groups"] = Case(
+    lambda nn: nn.Conv2d(4, 6, 2, groups=2, key=KEY),
+    lambda s: T().Conv2d(4, 6, 2, groups=2, key=_k(s)),
+    _x(4, 5, 5),
+)
+CASES["ConvTranspose2d_groups"] = Case(
+    lambda nn: nn.ConvTranspose2d(4, 6, 3, dilation=2, groups=2, key=KEY),
+    lambda s: T().ConvTranspose2d(4, 6, 3, dilation=2, groups=2, key=_k(s)),
+    _x(4, 5, 5),
+)
+# Pools hold no parameters (their files hold the same leaves in every dimension): each kind
+# once, the three dimensions spread over them.
+for _kind, _n, _adaptive_n in (("Max", 1, 2), ("Avg", 3, 1)):
+    CASES[f"{_kind}Pool{_n}d"] = Case(
+        lambda nn, n=_n, kind=_kind: getattr(nn, f"{kind}Pool{n}d")(3, stride=2, padding=1),
+        lambda s, n=_n, kind=_kind: getattr(T(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
+        _x(2, *(5,) * _n),
     )
-    for _kind in ("Max", "Avg"):
-        CASES[f"{_kind}Pool{_n}d"] = Case(
-            lambda nn, n=_n, kind=_kind: getattr(nn, f"{kind}Pool{n}d")(3, stride=2, padding=1),
-            lambda s, n=_n, kind=_kind: getattr(T(), f"{kind}Pool{n}d")(3, stride=2, padding=1),
-            _x(2, *_sp),
-        )
-        CASES[f"Adaptive{_kind}Pool{_n}d"] = Case(
-            lambda nn, n=_n, kind=_kind: getattr(nn, f"Adaptive{kind}Pool{n}d")(2),
-            lambda s, n=_n, kind=_kind: getattr(T(), f"Adaptive{kind}Pool{n}d")(2),
-            _x(2, *(4,) * _n),
-        )
+    CASES[f"Adaptive{_kind}Pool{_adaptive_n}d"] = Case(
+        lambda nn, n=_adaptive_n, kind=_kind: getattr(nn, f"Adaptive{kind}Pool{n}d")(2),
+        lambda s, n=_adaptive_n, kind=_kind: getattr(T(), f"Adaptive{kind}Pool{n}d")(2),
+        _x(2, *(4,) * _adaptive_n),
+    )
 
 
 def _filled(abstract: Any, seed: int) -> Any:
