@@ -80,21 +80,32 @@ def test_integer_inputs_to_normalisation_are_normalised_in_floating_point(name, 
     np.testing.assert_allclose(got, ref, rtol=1e-6)
 
 
+def _normal(shape, seed):
+    """Test inputs from NumPy's generator: `jax.random` would compile for every new shape."""
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+def _bernoulli(shape, seed):
+    """A random boolean mask (NumPy's generator), True with probability 0.6."""
+    return jnp.asarray(np.random.default_rng(seed).random(shape) < 0.6)
+
+
 def test_attention_masks_equinox_users_build():
     mha_e = eqx.nn.MultiheadAttention(2, 8, key=KEY)
     mha_t = teqx.nn.MultiheadAttention(2, 8, key=KEY)
-    q = jax.random.normal(jax.random.key(1), (5, 8))
-    kv = jax.random.normal(jax.random.key(2), (7, 8))
+    mha_proper = tm.nn.MultiheadAttention(2, 8, key=KEY)
+    q = _normal((5, 8), 1)
+    kv = _normal((7, 8), 2)
     masks = [
         jnp.tril(jnp.ones((5, 7), bool)),
-        jax.random.bernoulli(jax.random.key(3), 0.6, (5, 7)).at[:, 0].set(True),
-        jax.random.bernoulli(jax.random.key(4), 0.6, (2, 5, 7)).at[:, :, 0].set(True),
+        _bernoulli((5, 7), 3).at[:, 0].set(True),
+        _bernoulli((2, 5, 7), 4).at[:, :, 0].set(True),
     ]
     for mask in masks:
         np.testing.assert_allclose(mha_t(q, kv, kv, mask), mha_e(q, kv, kv, mask), atol=1e-5)
         # treemod proper takes the same masks, and a batch of them.
         np.testing.assert_allclose(
-            tm.nn.MultiheadAttention(2, 8, key=KEY)(q, kv, kv, mask),
+            mha_proper(q, kv, kv, mask),
             mha_e(q, kv, kv, mask),
             atol=1e-5,
         )
@@ -116,7 +127,7 @@ def test_attention_masks_equinox_users_build():
 def test_attention_process_heads_and_dropout_keys_match_equinox():
     mha_e = eqx.nn.MultiheadAttention(2, 8, dropout_p=0.4, key=KEY)
     mha_t = teqx.nn.MultiheadAttention(2, 8, dropout_p=0.4, key=KEY)
-    q = jax.random.normal(jax.random.key(1), (5, 8))
+    q = _normal((5, 8), 1)
     rope_e = eqx.nn.RotaryPositionalEmbedding(4)
     rope_t = teqx.nn.RotaryPositionalEmbedding(4)
 
