@@ -83,3 +83,20 @@ def test_spec_errors_name_filter_pmap() -> None:
         tm.filter_pmap(lambda x, n: x, in_axes=(0, 0))(jnp.ones((2, 1)), 3)
     with pytest.raises(ValueError, match=r"^filter_pmap\(<lambda>\): in_axes names \['z'\]"):
         tm.filter_pmap(lambda x: x, in_axes={"z": 0})(jnp.ones(2))
+
+
+def test_more_slices_than_devices_names_the_argument() -> None:
+    n = len(jax.local_devices())  # 8 fake CPU devices (tests/conftest.py)
+    with pytest.raises(Exception) as theirs:  # noqa: PT011 (JAX's error names no argument)
+        jax.pmap(lambda x: x * 2)(jnp.arange(2.0 * n))
+    assert "argument" not in str(theirs.value)
+    with pytest.raises(
+        ValueError,
+        match=rf"filter_pmap\(<lambda>\): the mapped axes have size {2 * n} \(axis 0 of args\[1\]"
+        rf"\['w'\] \(parameter 'b'\), of shape \({2 * n},\)\), but only {n} devices are available",
+    ):
+        tm.filter_pmap(lambda a, b: b["w"], in_axes=(None, 0))(jnp.ones(()), {"w": jnp.ones(2 * n)})
+    two = jax.local_devices()[:2]
+    with pytest.raises(ValueError, match=r"size 3 .* but only 2 devices are available"):
+        tm.filter_pmap(lambda x: x, devices=two)(jnp.ones(3))
+    assert tm.filter_pmap(lambda x: x * 2, devices=two)(jnp.ones(2)).shape == (2,)

@@ -13,6 +13,7 @@ from treemod._format.paths import function_name
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.vmap import (
+    _argument_paths,
     _expand_axes,
     _is_spec,
     _mapped_size_error,
@@ -147,14 +148,32 @@ class _PmapWrapper(TransformedFunction[P, R]):
         return entry, dynamic, jnp.zeros((size,), jnp.bool_)
 
     def _size_error(self, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> ValueError | None:
-        """Error path: the error naming the arguments whose mapped axes disagree in size or
-        that lack their axis (`jax.pmap` names none), or `None` if that is not the fault."""
+        """Error path: the error naming the arguments whose mapped axes disagree in size, that
+        lack their axis, or whose size exceeds the devices (`jax.pmap` names none), or `None`
+        if that is not the fault."""
         axes = self._axes(args, kwargs)
         leaves = jtu.tree_leaves((args, kwargs))
         mapped = [(x, a) for x, a in zip(leaves, axes, strict=True) if a is not None]
         mask = tuple(a is not None for a in axes)
-        return _mapped_size_error(
-            _PMAP, self._fun, self._name, (args, kwargs), mask, mapped, self._axis_size
+        tree = (args, kwargs)
+        error = _mapped_size_error(
+            _PMAP, self._fun, self._name, tree, mask, mapped, self._axis_size
+        )
+        if error is not None or not mapped:
+            return error
+        size = jnp.shape(mapped[0][0])[mapped[0][1]]
+        devices = self._pmap_kwargs.get("devices") or jax.local_devices(
+            backend=self._pmap_kwargs.get("backend")
+        )
+        if size <= len(devices):
+            return None
+        where = _argument_paths(self._fun, tree, mask)[0]
+        return ValueError(
+            f"filter_pmap({self._name}): the mapped axes have size {size} (axis "
+            f"{mapped[0][1]} of {where}, of shape {jnp.shape(mapped[0][0])}), but only "
+            f"{len(devices)} devices are available: pmap puts one slice on each device. Map at "
+            f"most {len(devices)} slices (reshape the batch to ({len(devices)}, -1, ...)), or "
+            "shard the batch with filter_jit and filter_shard."
         )
 
     def _run(

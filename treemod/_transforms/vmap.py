@@ -139,20 +139,9 @@ def _named_axes(
     return axes + _expand_axes(keyword, kwargs, "in_axes", name, (jtu.SequenceKey(2),), transform)
 
 
-def _name_arguments(
-    error: ValueError,
-    fun: Callable[..., Any],
-    name: str,
-    tree: Any,
-    mask: tuple[bool, ...],
-    mapped: list[tuple[Any, int]],
-    transform: str = "filter_vmap",
-) -> ValueError:
-    """JAX's error with `dyn[i]` (treemod's list of mapped arrays) replaced by each array's
-    argument path (`args[1]`, `kwargs['x']`, with the parameter's name); for an axis an array
-    does not have, the arrays at fault named first. `mapped`: `(array, axis)` of each mapped
-    array; `transform`: the public transform (`filter_pmap` says `pmap got inconsistent
-    sizes`). Error path only."""
+def _argument_paths(fun: Callable[..., Any], tree: Any, mask: tuple[bool, ...]) -> list[str]:
+    """The argument path of each leaf of `tree` = `(args, kwargs)` that `mask` selects
+    (`args[1]['w'] (parameter 'b')`, `kwargs['c']`). Error path only."""
     try:
         params = [
             p.name
@@ -168,6 +157,24 @@ def _name_arguments(
             if path[0].idx == 0 and len(path) > 1 and path[1].idx < len(params):
                 text += f" (parameter {params[path[1].idx]!r})"
             paths.append(text)
+    return paths
+
+
+def _name_arguments(
+    error: ValueError,
+    fun: Callable[..., Any],
+    name: str,
+    tree: Any,
+    mask: tuple[bool, ...],
+    mapped: list[tuple[Any, int]],
+    transform: str = "filter_vmap",
+) -> ValueError:
+    """JAX's error with `dyn[i]` (treemod's list of mapped arrays) replaced by each array's
+    argument path (`args[1]`, `kwargs['x']`, with the parameter's name); for an axis an array
+    does not have, the arrays at fault named first. `mapped`: `(array, axis)` of each mapped
+    array; `transform`: the public transform (`filter_pmap` says `pmap got inconsistent
+    sizes`). Error path only."""
+    paths = _argument_paths(fun, tree, mask)
 
     def rename(match: re.Match[str]) -> str:
         i = int(match.group(1))
