@@ -11,6 +11,11 @@
   restored after it); `shape_checks_restored` (only the restoring).
 - Markers (registered in pyproject.toml): `slow`, tests that compile several libraries' models;
   `make test` runs them.
+- xdist groups: pytest-xdist (3.8) sends the tests of one `xdist_group` to one worker under
+  `--dist loadgroup` by appending `@group` to each item's `_nodeid`, which pytest 9 no longer
+  reads (the id lives in `_id`), so every group was silently spread over the workers (the API
+  site built once per worker, the multi-process references computed twice). Where xdist's
+  suffix did not take, `pytest_collection_modifyitems` sets it.
 - Recursion headroom: jaxlib's C++ tree flattening loses one level of Python's recursion budget
   per enclosing container whenever a flatten function, `is_leaf` or a `tree_map` callback raises
   (jaxlib 0.10.2). Tests of error paths do that on purpose, and in one xdist worker the losses
@@ -55,6 +60,21 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "error")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test of an `xdist_group` the `@group` id suffix `--dist loadgroup` reads."""
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        if "@" in item.nodeid:
+            continue
+        names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+        if names:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
 
 
 def _recursion_budget_lost() -> int:
