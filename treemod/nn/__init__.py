@@ -36,8 +36,8 @@ from ._pool import (
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
-    Pool,
 )
+from ._pool_base import Pool
 from ._rnn import GRUCell, LSTMCell
 from ._rotary import RotaryPositionalEmbedding
 from ._sequential import Lambda, Sequential

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from treemod._module.module import Module, field
 
 from ._layout import apply_image_layer, layer_name
-from ._utils import as_tuple, check_size, with_spatial_dims
+from ._utils import as_tuple, check_size
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -280,7 +280,9 @@ class AdaptiveAvgPool1d(AdaptiveAvgPool):
         Array([[1., 4.]], dtype=float32)
     """
 
-    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 1)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 1, channels_last=channels_last)
+
     __call__ = _Adaptive1d.__call__
 
 
@@ -297,7 +299,9 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool):
         (8, 64, 1, 1)
     """
 
-    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 2)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 2, channels_last=channels_last)
+
     __call__ = _Adaptive2d.__call__
 
 
@@ -314,7 +318,9 @@ class AdaptiveAvgPool3d(AdaptiveAvgPool):
         (4, 2, 2, 2)
     """
 
-    __init__ = with_spatial_dims(AdaptiveAvgPool.__init__, 3)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 3, channels_last=channels_last)
+
     __call__ = _Adaptive3d.__call__
 
 
@@ -331,7 +337,9 @@ class AdaptiveMaxPool1d(AdaptiveMaxPool):
         Array([[3., 5.]], dtype=float32)
     """
 
-    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 1)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 1, channels_last=channels_last)
+
     __call__ = _Adaptive1d.__call__
 
 
@@ -348,7 +356,9 @@ class AdaptiveMaxPool2d(AdaptiveMaxPool):
         (8, 16, 2, 3)
     """
 
-    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 2)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 2, channels_last=channels_last)
+
     __call__ = _Adaptive2d.__call__
 
 
@@ -365,5 +375,7 @@ class AdaptiveMaxPool3d(AdaptiveMaxPool):
         (4, 1, 1, 1)
     """
 
-    __init__ = with_spatial_dims(AdaptiveMaxPool.__init__, 3)
+    def __init__(self, target_shape: int | Sequence[int], *, channels_last: bool = False) -> None:
+        super().__init__(target_shape, 3, channels_last=channels_last)
+
     __call__ = _Adaptive3d.__call__

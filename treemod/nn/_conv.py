@@ -29,7 +29,6 @@ from ._utils import (
     check_size,
     default_dtype,
     require_key,
-    with_spatial_dims,
 )
 
 __all__ = [
@@ -246,7 +245,41 @@ class Conv1d(Conv):
         (4, 8, 14)
     """
 
-    __init__ = with_spatial_dims(Conv.__init__, 1)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            1,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
@@ -277,7 +310,41 @@ class Conv2d(Conv):
         (16, 8, 28, 28)
     """
 
-    __init__ = with_spatial_dims(Conv.__init__, 2)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            2,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self,
@@ -309,7 +376,41 @@ class Conv3d(Conv):
         (4, 3, 4, 5)
     """
 
-    __init__ = with_spatial_dims(Conv.__init__, 3)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            3,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self,

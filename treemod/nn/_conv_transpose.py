@@ -23,7 +23,7 @@ from ._layout import (
     per_channel,
     spatial_shape,
 )
-from ._utils import as_tuple, check_size, with_spatial_dims
+from ._utils import as_tuple, check_size
 
 __all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
@@ -271,7 +271,43 @@ class ConvTranspose1d(ConvTranspose):
         (3, 2, 16)
     """
 
-    __init__ = with_spatial_dims(ConvTranspose.__init__, 1)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        output_padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            1,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self, x: Inexact[Array, "*batch in_channels length"], *, key: PRNGKeyArray | None = None
@@ -302,7 +338,43 @@ class ConvTranspose2d(ConvTranspose):
         (3, 14, 14)
     """
 
-    __init__ = with_spatial_dims(ConvTranspose.__init__, 2)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        output_padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            2,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self,
@@ -336,7 +408,43 @@ class ConvTranspose3d(ConvTranspose):
         (2, 6, 10, 12)
     """
 
-    __init__ = with_spatial_dims(ConvTranspose.__init__, 3)
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        output_padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        padding_mode: str = "ZEROS",
+        dtype: Any = None,
+        *,
+        weight_init: _init.Initializer | None = None,
+        bias_init: _init.Initializer | None = None,
+        key: PRNGKeyArray,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            3,
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+            use_bias,
+            padding_mode,
+            dtype,
+            weight_init=weight_init,
+            bias_init=bias_init,
+            key=key,
+            channels_last=channels_last,
+        )
 
     def __call__(
         self,

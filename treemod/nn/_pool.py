@@ -1,21 +1,23 @@
-"""Window pooling: the general `Pool`, the N-d `MaxPool`, `AvgPool` and their 1/2/3-d forms."""
+"""Max and average pooling: the N-d `MaxPool` and `AvgPool` and their 1/2/3-d forms.
+
+`Pool`, their base, is in `_pool_base.py`; it is re-exported here because
+`treemod.compat.equinox` imports it from this file.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from treemod._module.module import Module, field
-
 from . import _equinox_layout as _eqx
-from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
-from ._utils import as_tuple, check_padding, check_size, with_spatial_dims
+from ._layout import spatial_shape
+from ._pool_base import Pool
 
 __all__ = [
     "AvgPool",
@@ -28,158 +30,6 @@ __all__ = [
     "MaxPool3d",
     "Pool",
 ]
-
-
-def _identity(init: Any, dtype: Any) -> np.ndarray:
-    """`init` in `dtype`; an infinite `init` for integer or boolean input is the extreme value."""
-    if np.isinf(init) and not jnp.issubdtype(dtype, jnp.inexact):
-        if jnp.issubdtype(dtype, jnp.bool_):
-            return np.asarray(init > 0)
-        info = jnp.iinfo(dtype)
-        return np.asarray(info.max if init > 0 else info.min, dtype)
-    return np.asarray(init, dtype=dtype)
-
-
-class Pool(Module):
-    """N-d window pooling with any reduction (Equinox's `nn.Pool`).
-
-    Each output cell folds `operation` over its window, starting from `init`; padding counts
-    as `init`. `MaxPool` is `Pool(-inf, lax.max, ...)`; `AvgPool` divides a sum by the
-    window size.
-
-    Arguments:
-        init: the reduction's starting value (its identity, such as `0` for `lax.add`).
-        operation: a binary, associative JAX function, such as `lax.max`, `lax.min` or
-            `lax.add`.
-        num_spatial_dims: number of spatial dimensions.
-        kernel_size: window size, an int or one per spatial dimension.
-        stride: window step, an int or one per spatial dimension.
-        padding: an int, or one int or `(low, high)` pair per spatial dimension (ints >= 0).
-        use_ceil: round the output size up instead of down.
-        dilation: spacing between the window's elements, an int or one per spatial dimension.
-        channels_last: take and return `(*batch, *spatial, channels)` arrays.
-
-    Example:
-        >>> import jax.numpy as jnp, treemod.nn as nn
-        >>> from jax import lax
-        >>> pool = nn.Pool(jnp.inf, lax.min, 1, kernel_size=2, stride=2)
-        >>> pool(jnp.array([[3.0, 1.0, 2.0, 0.0]]))
-        Array([[1., 0.]], dtype=float32)
-    """
-
-    init: float = field(static=True)
-    operation: Callable[[Array, Array], Array] = field(static=True)
-    num_spatial_dims: int = field(static=True)
-    kernel_size: tuple[int, ...] = field(static=True)
-    stride: tuple[int, ...] = field(static=True)
-    padding: tuple[tuple[int, int], ...] = field(static=True)
-    use_ceil: bool = field(static=True)
-    dilation: tuple[int, ...] = field(static=True)
-    channels_last: bool = field(static=True)
-
-    def __init__(
-        self,
-        init: float | Array,
-        operation: Callable[[Array, Array], Array],
-        num_spatial_dims: int,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
-        use_ceil: bool = False,
-        *,
-        dilation: int | Sequence[int] = 1,
-        channels_last: bool = False,
-    ) -> None:
-        name = type(self).__name__
-        check_size(name, "num_spatial_dims", num_spatial_dims)
-        if np.ndim(init) != 0 or not callable(operation):
-            raise TypeError(
-                f"{name}: `init` must be a number and `operation` a binary function such as "
-                f"`lax.max`; got init={init!r}, operation={operation!r}."
-            )
-        n = num_spatial_dims
-        self.init = np.asarray(init).item()  # a Python number: static, and hashable
-        self.operation = operation
-        self.num_spatial_dims = n
-        self.channels_last = channels_last
-        self.kernel_size = as_tuple(name, "kernel_size", kernel_size, n)
-        self.stride = as_tuple(name, "stride", stride, n)
-        self.dilation = as_tuple(name, "dilation", dilation, n)
-        self.padding = check_padding(name, padding, n)  # type: ignore[assignment]
-        self.use_ceil = use_ceil
-        for k, (lo, hi) in zip(self.kernel_size, self.padding, strict=True):
-            if max(lo, hi) * 2 > k:
-                raise ValueError(
-                    f"{name}: padding {self.padding} must be at most half the kernel size "
-                    f"{self.kernel_size} (a window must never lie wholly in the padding)."
-                )
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this pool, for Equinox's checkpoint format."""
-        return _eqx.pool_fields(self, self.init)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Self:
-        """This pool (its `init` and `operation` are its configuration)."""
-        return self
-
-    def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
-        """Explicit padding per spatial dim, and the extra high padding that ceil mode adds."""
-        pads, extra = [], []
-        windows = zip(self.kernel_size, self.dilation, strict=True)
-        spans = [d * (k - 1) + 1 for k, d in windows]  # a dilated window's extent
-        for size, k, s, (lo, hi) in zip(spatial, spans, self.stride, self.padding, strict=True):
-            total = size + lo + hi
-            if total < k:
-                raise ValueError(
-                    f"{layer_name(self)}: the padded input size {total} is smaller than the "
-                    f"window, {k} wide (kernel size {self.kernel_size}, dilation "
-                    f"{self.dilation})."
-                )
-            out = (total - k) // s + 1
-            if self.use_ceil:
-                out = -(-(total - k) // s) + 1
-                if (out - 1) * s >= size + lo:  # the last window must start inside the input
-                    out -= 1
-            pads.append((lo, hi))
-            extra.append(max(0, (out - 1) * s + k - total))
-        return pads, extra
-
-    def _window(self, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        """Per-axis window sizes (or strides) of a batched input, from the spatial ones."""
-        return (1, *sizes, 1) if self.channels_last else (1, 1, *sizes)
-
-    def _reduce(self, x: Array) -> tuple[Array, list[tuple[int, int]], list[int]]:
-        last = self.channels_last
-        pads, extra = self._pads(spatial_shape(x, self.num_spatial_dims, last))
-        full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
-        y: Array = lax.reduce_window(
-            x,
-            _identity(self.init, x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
-            self.operation,
-            self._window(self.kernel_size),
-            self._window(self.stride),
-            full,
-            window_dilation=self._window(self.dilation),
-        )
-        return y, pads, extra
-
-    def __call__(
-        self, x: Float[Array, "..."], *, key: PRNGKeyArray | None = None
-    ) -> Float[Array, "..."]:
-        """Pool `x` of shape `(*batch, channels, *spatial)`.
-
-        Arguments:
-            x: the input (`(*batch, *spatial, channels)` if `channels_last`).
-            key: ignored.
-
-        Returns:
-            `(*batch, channels, *pooled_spatial)` (channels last if `channels_last`).
-        """
-        n = self.num_spatial_dims
-        return apply_image_layer(self, self._flat, x, "channels", None, n)
-
-    def _flat(self, x: Array) -> Array:
-        return self._reduce(x)[0]
 
 
 class MaxPool(Pool):
@@ -376,7 +226,26 @@ class MaxPool1d(MaxPool):
         (4, 2, 4)
     """
 
-    __init__ = with_spatial_dims(MaxPool.__init__, 1)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            1,
+            kernel_size,
+            stride,
+            padding,
+            use_ceil,
+            dilation=dilation,
+            channels_last=channels_last,
+        )
+
     __call__ = _Pool1d.__call__
 
 
@@ -389,7 +258,26 @@ class MaxPool2d(MaxPool):
         (8, 3, 14, 14)
     """
 
-    __init__ = with_spatial_dims(MaxPool.__init__, 2)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            2,
+            kernel_size,
+            stride,
+            padding,
+            use_ceil,
+            dilation=dilation,
+            channels_last=channels_last,
+        )
+
     __call__ = _Pool2d.__call__
 
 
@@ -402,7 +290,26 @@ class MaxPool3d(MaxPool):
         (2, 3, 4, 4, 4)
     """
 
-    __init__ = with_spatial_dims(MaxPool.__init__, 3)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        dilation: int | Sequence[int] = 1,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(
+            3,
+            kernel_size,
+            stride,
+            padding,
+            use_ceil,
+            dilation=dilation,
+            channels_last=channels_last,
+        )
+
     __call__ = _Pool3d.__call__
 
 
@@ -415,7 +322,17 @@ class AvgPool1d(AvgPool):
         (2, 4)
     """
 
-    __init__ = with_spatial_dims(AvgPool.__init__, 1)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(1, kernel_size, stride, padding, use_ceil, channels_last=channels_last)
+
     __call__ = _Pool1d.__call__
 
 
@@ -428,7 +345,17 @@ class AvgPool2d(AvgPool):
         (3, 4, 4)
     """
 
-    __init__ = with_spatial_dims(AvgPool.__init__, 2)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(2, kernel_size, stride, padding, use_ceil, channels_last=channels_last)
+
     __call__ = _Pool2d.__call__
 
 
@@ -441,5 +368,15 @@ class AvgPool3d(AvgPool):
         (2, 3, 4, 4, 4)
     """
 
-    __init__ = with_spatial_dims(AvgPool.__init__, 3)
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] | Sequence[tuple[int, int]] = 0,
+        use_ceil: bool = False,
+        *,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__(3, kernel_size, stride, padding, use_ceil, channels_last=channels_last)
+
     __call__ = _Pool3d.__call__

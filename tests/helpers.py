@@ -1,0 +1,85 @@
+"""Helpers shared by the test files (on pytest's pythonpath, like `strategies.py`).
+
+- `normal`: test inputs from NumPy's generator (`jax.random` compiles a program per new shape).
+- `close`: two pytrees with the same structure and leaf shapes, equal within tolerances; leaves
+  may be JAX or NumPy arrays, Python numbers or PyTorch tensors.
+- `mypy_messages`, `snippet_line`: run mypy (through its API) on a user snippet and find the
+  messages of the line that carries a `# marker` comment.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["close", "mypy_messages", "normal", "snippet_line", "to_numpy"]
+
+
+def normal(shape: tuple[int, ...], seed: int = 0, dtype: Any = jnp.float32) -> jax.Array:
+    """Standard-normal test data of `shape` from NumPy's generator seeded with `seed`."""
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A JAX or NumPy array, Python number or PyTorch tensor as a NumPy array."""
+    if hasattr(x, "detach"):  # a torch.Tensor (torch is not imported here)
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def close(ours: Any, theirs: Any, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """Assert that two pytrees have one structure, and equal shapes and values at each leaf."""
+    ours_leaves, ours_def = jax.tree_util.tree_flatten(ours)
+    theirs_leaves, theirs_def = jax.tree_util.tree_flatten(theirs)
+    assert ours_def == theirs_def, f"tree structures differ: {ours_def} vs {theirs_def}"
+    for i, (a, b) in enumerate(zip(ours_leaves, theirs_leaves, strict=True)):
+        a, b = to_numpy(a), to_numpy(b)
+        assert a.shape == b.shape, f"leaf {i}: shape {a.shape} vs {b.shape}"
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"leaf {i}")
+
+
+_MYPY_CACHE = Path(__file__).resolve().parents[1] / ".mypy_cache" / "typing-test"
+
+
+def mypy_messages(tmp_path: Path, source: str) -> dict[int, str]:
+    """mypy's messages about the snippet `source`, by line number (notes and errors joined).
+
+    The package's analysis is cached in `.mypy_cache/typing-test`, so reruns are fast.
+    """
+    from mypy import api
+
+    # A new module name each run: mypy would skip a module it finds fresh in its cache.
+    path = tmp_path / f"user_code_{uuid.uuid4().hex}.py"
+    path.write_text(textwrap.dedent(source))
+    stdout, stderr, _ = api.run(
+        [
+            str(path),
+            "--cache-dir",
+            str(_MYPY_CACHE),
+            "--no-error-summary",
+            "--show-error-codes",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+        ]
+    )
+    assert not stderr, stderr
+    found: dict[int, str] = {}
+    for line in stdout.splitlines():
+        match = re.match(rf"{re.escape(str(path))}:(\d+): (.*)", line)
+        if match:
+            n = int(match.group(1))
+            found[n] = (found.get(n, "") + " " + match.group(2)).strip()
+    return found
+
+
+def snippet_line(source: str, marker: str) -> int:
+    """The 1-based line of the snippet `source` that ends with `# marker`."""
+    lines = textwrap.dedent(source).splitlines()
+    return next(i + 1 for i, text in enumerate(lines) if text.endswith(f"# {marker}"))
