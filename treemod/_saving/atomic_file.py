@@ -10,6 +10,13 @@ Saving to a symbolic link writes the file it points to (the link stays), and re-
 existing file keeps its permission bits (a private 0600 checkpoint stays private; a new file
 gets the umask's). The temporary is created private (0600) when the file exists, so the data is
 never readable by more users than the file it replaces.
+
+Only a regular file is ever replaced: a device, FIFO or socket at the path (or at the end of a
+symbolic link) is refused, since renaming over `/dev/null` would replace the machine's device
+with a file. A file the user may not write (a checkpoint made read-only to keep it) is refused
+as `open(path, "wb")` refuses it; root may write it, as with `open`. A name too long for the
+temporary's decorations gets a temporary named from a shortened stem plus a hash of the full
+name, so any name that fits the file system can be saved.
 """
 
 from __future__ import annotations
@@ -24,15 +31,34 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["STALE_AFTER_S", "replace_atomically", "temporary_name"]
+from treemod._saving.errors import CheckpointError
+
+__all__ = ["STALE_AFTER_S", "replace_atomically", "special_file_kind", "temporary_name"]
 
 STALE_AFTER_S = 24 * 3600  # a temporary untouched this long is stale whatever wrote it
 _HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
+# What a temporary adds to its stem: "." + ".tmp-" + pid (<= 10) + "-" + host + "-" + 12 hex.
+_DECORATION = 1 + 5 + 10 + 1 + 8 + 1 + 12
+_NAME_MAX = 255  # every common file system's limit on one name, in bytes
+
+
+def _stem(base: str) -> str:
+    """The part of a temporary's name that stands for `base`: `base` itself when it fits,
+    otherwise a prefix of it and a hash of the whole name (unique per base, fits NAME_MAX)."""
+    encoded = base.encode("utf-8", "surrogateescape")
+    if len(encoded) + _DECORATION <= _NAME_MAX:
+        return base
+    digest = hashlib.sha256(encoded).hexdigest()[:16]
+    room = _NAME_MAX - _DECORATION - len(digest) - 1
+    prefix = encoded[:room].decode("utf-8", "ignore")  # never split a character
+    return f"{prefix}~{digest}"
+
+
 def temporary_name(base: str) -> str:
     """A fresh temporary's name for the file `base` (its basename)."""
-    return f".{base}.tmp-{os.getpid()}-{_HOST}-{secrets.token_hex(6)}"
+    return f".{_stem(base)}.tmp-{os.getpid()}-{_HOST}-{secrets.token_hex(6)}"
 
 
 def _alive(pid: int) -> bool:
@@ -47,8 +73,9 @@ def _alive(pid: int) -> bool:
 
 def _remove_stale(directory: str, base: str) -> None:
     """Remove the temporaries that killed saves to `base` left (see the module docstring)."""
-    pattern = re.compile(rf"\.{re.escape(base)}\.tmp-(\d{{1,10}})-([0-9a-f]{{8}})-[0-9a-f]{{12}}")
-    prefix = f".{base}.tmp-"
+    stem = _stem(base)
+    pattern = re.compile(rf"\.{re.escape(stem)}\.tmp-(\d{{1,10}})-([0-9a-f]{{8}})-[0-9a-f]{{12}}")
+    prefix = f".{stem}.tmp-"
     now = time.time()
     try:
         with os.scandir(directory) as entries:
@@ -85,6 +112,38 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def special_file_kind(mode: int) -> str:
+    """What a file that is not regular is, for messages ('character device', ...)."""
+    for test, name in (
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _check_replaceable(path: str, target: str, info: os.stat_result, caller: str) -> None:
+    """Refuse to replace anything but a regular file the user may write."""
+    via = "" if target == os.path.abspath(path) else f" (through the link to '{target}')"
+    if not stat.S_ISREG(info.st_mode):
+        kind = special_file_kind(info.st_mode)
+        raise CheckpointError(
+            f"{caller}: refusing to write '{path}'{via}: it is a {kind}, not a regular file, "
+            "and saving replaces the file at the path. Save to a regular file "
+            "(or pass an open binary file object to write into a stream)."
+        )
+    effective = os.access in os.supports_effective_ids
+    if not os.access(target, os.W_OK, effective_ids=effective):
+        raise PermissionError(
+            f"{caller}: cannot write '{path}'{via}: the file is read-only for this user "
+            f"(mode {stat.filemode(info.st_mode)}). Make it writable (chmod u+w) to replace it "
+            "on purpose, or save to another path."
+        )
+
+
 def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: str = "save") -> None:
     """Write a file with `write(f)` and put it at `path` in one rename.
 
@@ -103,9 +162,12 @@ def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: st
     if os.path.isdir(target):
         raise IsADirectoryError(f"{caller}: cannot write '{path}': it is a directory.")
     try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+        info: os.stat_result | None = os.stat(target)
     except OSError:
-        mode = None  # a new file: the umask decides (open with 0o666)
+        info = None  # a new file: the umask decides (open with 0o666)
+    mode = None if info is None else stat.S_IMODE(info.st_mode)
+    if info is not None:
+        _check_replaceable(path, target, info, caller)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
         tmp = os.path.join(directory, temporary_name(base))

@@ -66,12 +66,21 @@ def wrap_key(label: str, name: str, data: Any, record: dict[str, str]) -> jax.Ar
     """Rebuild a key array from its stored data."""
     try:
         key: jax.Array = jax.random.wrap_key_data(data, impl=record["impl"])
-        return key
     except (ValueError, TypeError, KeyError) as e:
         raise CheckpointError(
             f"{label}: the PRNG keys at {name} (implementation {record.get('impl')!r}) cannot "
             f"be rebuilt: {e}"
         ) from None
+    # The record's dtype is what was checked against `like`; the keys rebuilt from the data and
+    # the recorded implementation must be that dtype, or the file was edited inconsistently
+    # (its header checksum proves nothing: anyone can recompute it).
+    if str(key.dtype) != record.get("dtype"):
+        raise CheckpointError(
+            f"{label}: the PRNG keys at {name} are recorded as {record.get('dtype')} but their "
+            f"data and implementation ({record.get('impl')!r}) make {key.dtype} keys; the file "
+            "is inconsistent (edited?). Nothing was loaded."
+        )
+    return key
 
 
 def _spec(x: Any) -> tuple[str, tuple[int, ...]]:

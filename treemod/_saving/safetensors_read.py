@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import struct
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from treemod._saving.atomic_file import special_file_kind
 from treemod._saving.errors import CheckpointError
 from treemod._saving.file_objects import check_file_object
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, HeaderError, parse_header
@@ -307,6 +309,16 @@ def open_checkpoint(
     """Open and validate a checkpoint (a path, or a binary file positioned at its start)."""
     label = _label(source)
     if isinstance(source, str | os.PathLike):
+        try:
+            mode = os.stat(source).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # missing or unreadable: open() below says which
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            # Opening a FIFO would block until a writer came; a device is never a checkpoint.
+            raise CheckpointError(
+                f"load: {label} is a {special_file_kind(mode)}, not a checkpoint file. Load "
+                "from a regular file, or open the stream yourself and pass the file object."
+            )
         try:
             f: IO[bytes] = open(source, "rb")
         except FileNotFoundError:

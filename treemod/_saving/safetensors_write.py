@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -154,8 +155,34 @@ def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str, str]) -> None:
-    """Write a checkpoint to the seekable binary file `f`, streaming one tensor at a time."""
+def _hash_all(entries: Sequence[tuple[Any, ...]], digests: dict[str, str]) -> None:
+    """Fill `digests` by fetching and hashing each array once, before anything is written."""
+    for name, array, *_ in entries:
+        digests[name] = _sha256(_fetch(name, array))
+
+
+def _fetch(name: str, array: Any) -> memoryview:
+    try:
+        return _host_bytes(array)
+    except Exception as e:
+        raise RuntimeError(
+            f"save: could not fetch the array at {name} ({type(e).__name__}: {e})"
+        ) from e
+
+
+def _write(
+    f: IO[bytes],
+    tensors: Sequence[tuple[str, Any]],
+    metadata: dict[str, str],
+    *,
+    rewrite_header: bool = True,
+) -> None:
+    """Write a checkpoint to the binary file `f`, streaming one tensor at a time.
+
+    With `rewrite_header`, each array is hashed while it is written and the checksums go into
+    the header last (one seek back: a plain file or `io.BytesIO`). Without, every array is
+    hashed first and the file is written front to back, so any stream works (append mode,
+    `gzip.open`, pipes), at the cost of fetching each array twice."""
     if len(tensors) > MAX_TENSORS:
         raise ValueError(
             f"save: the tree has {len(tensors):,} arrays, more than the {MAX_TENSORS:,} a "
@@ -179,6 +206,8 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     meta.update(metadata)
     meta["treemod.header_sha256"] = header_digest(table, meta)
     digests = {name: "0" * 64 for name in table}
+    if not rewrite_header:
+        _hash_all(entries, digests)
     meta["treemod.sha256"] = canonical(digests)
     header = _encode_header(table, meta)
     if len(header) > MAX_HEADER_BYTES:
@@ -188,7 +217,7 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
             "paths?). Store large data as arrays."
         )
 
-    start = f.tell()
+    start = f.tell() if rewrite_header else 0
     f.write(struct.pack("<Q", len(header)))
     f.write(header)
     # Hash each array in a second thread while this one writes it (both release the GIL).
@@ -199,16 +228,16 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
                     entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
                 except Exception:  # reported, with its name, when that array is fetched
                     pass
-            try:
-                data = _host_bytes(array)
-            except Exception as e:
-                raise RuntimeError(
-                    f"save: could not fetch the array at {name} ({type(e).__name__}: {e})"
-                ) from e
-            digest = hasher.submit(_sha256, data)
-            f.write(data)
-            digests[name] = digest.result()
+            data = _fetch(name, array)
+            if rewrite_header:
+                digest = hasher.submit(_sha256, data)
+                f.write(data)
+                digests[name] = digest.result()
+            else:
+                f.write(data)
             del data
+    if not rewrite_header:
+        return
     end = f.tell()
     meta["treemod.sha256"] = canonical(digests)
     final = _encode_header(table, meta)
@@ -216,6 +245,21 @@ def _write(f: IO[bytes], tensors: Sequence[tuple[str, Any]], metadata: dict[str,
     f.seek(start + 8)
     f.write(final)
     f.seek(end)
+
+
+def _can_rewrite_header(f: Any) -> bool:
+    """Whether writing at an earlier offset of `f` lands there: an `io.BytesIO`, or a plain
+    file not in append mode. Compressing writers (`gzip.open`) say they are seekable but seek
+    only forwards, and append mode sends every write to the end."""
+    if isinstance(f, io.BytesIO):
+        return True
+    if not isinstance(f, io.BufferedWriter | io.BufferedRandom | io.FileIO):
+        return False
+    mode = getattr(f, "mode", "")
+    try:
+        return "a" not in mode and f.seekable()
+    except (OSError, ValueError):
+        return False
 
 
 def check_writable(target: Any, caller: str) -> None:
@@ -229,19 +273,14 @@ def write_checkpoint(
     tensors: Sequence[tuple[str, Any]],
     metadata: dict[str, str],
 ) -> None:
-    """Write a checkpoint to a path (atomically) or to an open, seekable binary file."""
+    """Write a checkpoint to a path (atomically) or to an open binary file or stream."""
     if not isinstance(target, str | os.PathLike):
-        if not (hasattr(target, "write") and hasattr(target, "seek")):
+        if not hasattr(target, "write"):
             raise TypeError(
                 f"save: expected a path or a binary file opened for writing, got "
                 f"{type(target).__name__}."
             )
         check_writable(target, "save")
-        if hasattr(target, "seekable") and not target.seekable():
-            raise TypeError(
-                "save: the file must be seekable (the checksums are written into the header "
-                "last); save to a path or an io.BytesIO and copy that instead."
-            )
-        _write(target, tensors, metadata)
+        _write(target, tensors, metadata, rewrite_header=_can_rewrite_header(target))
         return
     replace_atomically(os.fspath(target), lambda f: _write(f, tensors, metadata))
