@@ -73,12 +73,6 @@ from treemod._shapecheck.config import (
 # Serialisation.
 from treemod._saving.errors import CheckpointError
 from treemod._saving.checkpoint import load, save
-from treemod._saving.equinox_format import (
-    default_deserialise_filter_spec,
-    default_serialise_filter_spec,
-    tree_deserialise_leaves,
-    tree_serialise_leaves,
-)
 
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`. It is
 # imported at the first `tm.nn` (a third of `import treemod`'s time), not here; likewise
@@ -177,10 +171,6 @@ __all__ = [
     "shapecheck",
     # Serialisation.
     "CheckpointError",
-    "default_deserialise_filter_spec",
-    "default_serialise_filter_spec",
     "load",
     "save",
-    "tree_deserialise_leaves",
-    "tree_serialise_leaves",
 ]

@@ -37,7 +37,7 @@ def _same_layer(ours: Any, theirs: Any, x: Any, same_tree: bool = True) -> None:
     """Same parameters (bytes of the files) and the same output on `x`; with `same_tree` the
     compat layer's own leaves are Equinox's too (pools keep `init` as configuration instead)."""
     data = _bytes(eqx.tree_serialise_leaves, theirs)
-    assert _bytes(tm.tree_serialise_leaves, ours) == data
+    assert _bytes(ceqx.tree_serialise_leaves, ours) == data
     if same_tree:
         assert _bytes(eqx.tree_serialise_leaves, ours) == data
     np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(theirs(x)), rtol=1e-5, atol=1e-5)
@@ -75,7 +75,7 @@ def test_conv_is_equinoxs(config: dict, padding_mode: str) -> None:
     ours = getattr(ceqx.nn, f"Conv{n}d")(*args, **kwargs)
     _same_layer(ours, theirs, _x(4, *(7,) * n))
     general = ceqx.nn.Conv(n, *args, **kwargs)
-    assert _bytes(tm.tree_serialise_leaves, general) == _bytes(eqx.tree_serialise_leaves, theirs)
+    assert _bytes(ceqx.tree_serialise_leaves, general) == _bytes(eqx.tree_serialise_leaves, theirs)
 
 
 @settings(deadline=None, max_examples=20)
@@ -123,7 +123,7 @@ def test_equinox_file_loads_into_compat_conv_and_back() -> None:
     data = _bytes(eqx.tree_serialise_leaves, theirs)
     ours = ceqx.tree_deserialise_leaves(io.BytesIO(data), like)
     _same_layer(ours, theirs, _x(3, 5, 5))
-    back = eqx.tree_deserialise_leaves(io.BytesIO(_bytes(tm.tree_serialise_leaves, ours)), theirs)
+    back = eqx.tree_deserialise_leaves(io.BytesIO(_bytes(ceqx.tree_serialise_leaves, ours)), theirs)
     assert eqx.tree_equal(back, theirs)
 
 
@@ -131,7 +131,9 @@ def test_compat_and_treemod_convolutions_agree_through_a_file() -> None:
     # Equinox's layout (compat) and treemod's (PyTorch's orientation) hold one layer two ways.
     ours = ceqx.nn.ConvTranspose1d(2, 3, 4, stride=2, padding=1, key=jax.random.PRNGKey(0))
     like = tm.nn.ConvTranspose1d(2, 3, 4, stride=2, padding=1, key=jax.random.key(1))
-    proper = tm.tree_deserialise_leaves(io.BytesIO(_bytes(tm.tree_serialise_leaves, ours)), like)
+    proper = ceqx.tree_deserialise_leaves(
+        io.BytesIO(_bytes(ceqx.tree_serialise_leaves, ours)), like
+    )
     x = _x(2, 9)
     np.testing.assert_allclose(np.asarray(proper(x)), np.asarray(ours(x)), rtol=1e-5, atol=1e-6)
     assert proper.bias.shape == (3,) and ours.bias.shape == (3, 1)
@@ -221,7 +223,7 @@ def test_prelu_is_equinoxs(alpha: Any) -> None:
 def test_default_prelu_file_loads_into_treemods_prelu() -> None:
     data = _bytes(eqx.tree_serialise_leaves, eqx.nn.PReLU(0.3))
     ours = ceqx.tree_deserialise_leaves(io.BytesIO(data), ceqx.nn.PReLU())
-    proper = tm.tree_deserialise_leaves(io.BytesIO(data), tm.nn.PReLU())
+    proper = ceqx.tree_deserialise_leaves(io.BytesIO(data), tm.nn.PReLU())
     assert ours.negative_slope.shape == () and proper.negative_slope.shape == (1,)
     x = _x(5)
     np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(proper(x)))

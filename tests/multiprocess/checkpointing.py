@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treemod as tm
+import treemod.compat.equinox as ceqx
 from multiprocess import training
 
 
@@ -157,11 +158,11 @@ def _save_held_whole(trainer: Trainer, folder: str) -> dict[str, Any]:
 
 
 def _equinox_format(trainer: Trainer, folder: str) -> dict[str, Any]:
-    """`tm.tree_serialise_leaves` (Equinox's format) of the tree sharded across processes:
-    its error, and whether a file was left."""
+    """`treemod.compat.equinox.tree_serialise_leaves` (Equinox's format) of the tree sharded
+    across processes: its error, and whether a file was left."""
     target = os.path.join(folder, f"equinox-{jax.process_index()}.eqx")
     try:
-        tm.tree_serialise_leaves(target, trainer)
+        ceqx.tree_serialise_leaves(target, trainer)
     except RuntimeError as e:
         return {"equinox_error": str(e), "equinox_wrote": _left(folder, "equinox-")}
     return {"equinox_error": "", "equinox_wrote": _left(folder, "equinox-")}

@@ -22,6 +22,7 @@ LAYERS = {
     "nn/": 7,
     "debug.py": 8,
     "compat/": 8,
+    "_compat_api.py": 8,
     "__init__.py": 8,
 }
 # Deliberate exceptions, each with its reason.

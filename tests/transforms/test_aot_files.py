@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import treemod as tm
+import treemod.compat.equinox as ceqx
 from treemod._saving import atomic_file
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and signals")
@@ -126,4 +127,4 @@ def test_the_equinox_format_names_its_writer_too(tmp_path: pathlib.Path) -> None
     # the same writer serves tree_serialise_leaves: its errors name that function, not `save`
     missing = tmp_path / "no" / "model.eqx"
     with pytest.raises(FileNotFoundError, match=f"tree_serialise_leaves: cannot write '{missing}'"):
-        tm.tree_serialise_leaves(missing, {"w": np.zeros(2, np.float32)})
+        ceqx.tree_serialise_leaves(missing, {"w": np.zeros(2, np.float32)})

@@ -4,8 +4,8 @@ A `jax.Array` sharded across processes (`is_fully_addressable` false) may still 
 on this process's devices: replicated across processes (plain data parallelism), or split only
 over this process's devices and repeated on the others'. `save` reads such an array from its
 local shards, as `numpy.asarray` does. An array of which other processes hold parts that this
-one lacks cannot be written by one process: `save` (and `tree_serialise_leaves`, Equinox's
-format) refuses it before writing anything. Such trees are saved with Orbax, each process
+one lacks cannot be written by one process: `save` (and the other file formats' writers, through
+`spanning_error`) refuses it before writing anything. Such trees are saved with Orbax, each process
 writing its own shards; docs/concepts/many-hosts.md has the recipe.
 """
 
@@ -51,7 +51,7 @@ def spanning_error(caller: str, name: str, leaf: Any) -> str | None:
     `process_allgather`.
 
     Arguments:
-        caller: the public function that saves (`save`, `tree_serialise_leaves`).
+        caller: the public function that saves (`save`, or another format's writer).
         name: the leaf's key path, for the message.
         leaf: the leaf (anything; only `jax.Array`s that span processes are looked at).
 

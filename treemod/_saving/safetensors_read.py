@@ -68,8 +68,9 @@ def _sniff(first: bytes) -> str:
         )
     if first[:6] == b"\x93NUMPY":
         return (
-            " It is in Equinox's format (NumPy .npy records, as tree_serialise_leaves writes): "
-            "read it with treemod.tree_deserialise_leaves(path, like)."
+            " It is a sequence of NumPy .npy records, the format of "
+            "treemod.compat.equinox.tree_serialise_leaves: read it with "
+            "treemod.compat.equinox.tree_deserialise_leaves(path, like)."
         )
     return ""
 

@@ -10,7 +10,6 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module
 
-from . import _equinox_layout as _eqx
 from ._utils import lead
 
 __all__ = ["PReLU"]
@@ -46,14 +45,6 @@ class PReLU(Module):
             init_alpha, jnp.float32 if isinstance(init_alpha, int | float) else None
         )
         self.negative_slope = slope.reshape(1) if slope.ndim == 0 else slope
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.prelu_fields(self)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> PReLU:
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.prelu_from_fields(self, fields)
 
     def __call__(
         self, x: Float[Array, "*shape"], *, key: PRNGKeyArray | None = None

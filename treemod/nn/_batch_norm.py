@@ -13,7 +13,6 @@ from jaxtyping import Array, Float
 from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
 
-from . import _equinox_layout as _eqx
 from ._utils import check_number, check_size, default_dtype
 
 __all__ = ["BatchNorm"]
@@ -195,14 +194,6 @@ class BatchNorm(Module):
         if self.channels_last:
             return x.ndim >= 2
         return x.ndim >= 2 and x.shape[1] == self.input_size
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.batch_norm_fields(self)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> "BatchNorm":
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.batch_norm_from_fields(self, fields)
 
     def __call__(
         self, x: Float[Array, "..."], *, key: Any = None, inference: bool | None = None

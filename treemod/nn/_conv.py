@@ -13,7 +13,6 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from . import init as _init
 from ._layout import (
     apply_image_layer,
@@ -198,14 +197,6 @@ class Conv(Module):
         """
         n = self.num_spatial_dims
         return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.conv_fields(self, flip=False)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Conv:
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.conv_from_fields(self, fields, flip=False)
 
     def _flat(self, x: Array) -> Array:
         n, last = self.num_spatial_dims, self.channels_last

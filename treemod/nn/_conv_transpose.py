@@ -12,7 +12,6 @@ from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from . import init as _init
 from ._conv import _init_params, _padding
 from ._layout import (
@@ -168,14 +167,6 @@ class ConvTranspose(Module):
         """
         n = self.num_spatial_dims
         return apply_image_layer(self, self._flat, x, "in_channels", self.in_channels, n)
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.conv_fields(self, flip=True)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> ConvTranspose:
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.conv_from_fields(self, fields, flip=True)
 
     def _kernel(self) -> Array:
         """The kernel the transposed convolution runs as a convolution with: the flipped weight."""

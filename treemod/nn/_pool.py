@@ -15,7 +15,6 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from . import _equinox_layout as _eqx
 from ._layout import spatial_shape
 from ._pool_base import Pool
 
@@ -121,10 +120,6 @@ class AvgPool(Pool):
             use_ceil,
             channels_last=channels_last,
         )
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this pool: its `init` is the int `0`."""
-        return _eqx.pool_fields(self, 0)
 
     def _flat(self, x: Array) -> Array:
         y, pads, extra = self._reduce(x)

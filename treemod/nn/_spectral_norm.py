@@ -13,7 +13,6 @@ from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
 from treemod._tree.tree_at import tree_at
 
-from . import _equinox_layout as _eqx
 from ._utils import accepts_key, check_number, check_size, require_key
 
 __all__ = ["SpectralNorm"]
@@ -106,14 +105,6 @@ class SpectralNorm(Module, Generic[_Layer]):
     def weight(self) -> Array:
         """The normalised weight, from the stored estimates (what inference mode uses)."""
         return self._normalised(self.u.value, self.v.value)
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this layer, for Equinox's checkpoint format."""
-        return _eqx.spectral_norm_fields(self)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> "SpectralNorm[_Layer]":
-        """This layer rebuilt from Equinox's fields."""
-        return _eqx.spectral_norm_from_fields(self, fields)
 
     def _normalised(self, u: Array, v: Array) -> Array:
         w: Array = getattr(self.layer, self.weight_name)

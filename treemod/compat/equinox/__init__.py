@@ -20,8 +20,6 @@ from treemod import (
     branched_error_if,
     clear_caches,
     combine,
-    default_deserialise_filter_spec,
-    default_serialise_filter_spec,
     enable_compile_cache,
     error_if,
     field,
@@ -58,9 +56,7 @@ from treemod import (
     shapecheck,
     stateful,
     tree_check,
-    tree_deserialise_leaves,
     tree_flatten_one_level,
-    tree_serialise_leaves,
     tree_summary,
     update_state,
 )
@@ -72,6 +68,12 @@ from ._field import static_field
 from ._filters import is_array, is_array_like, is_inexact_array, is_inexact_array_like
 from ._module import Module, StrictConfig, module_update_wrapper
 from ._pretty import tree_pformat, tree_pprint
+from ._serialisation import (
+    default_deserialise_filter_spec,
+    default_serialise_filter_spec,
+    tree_deserialise_leaves,
+    tree_serialise_leaves,
+)
 from ._tree import tree_at, tree_equal
 from .nn._inference import tree_inference
 

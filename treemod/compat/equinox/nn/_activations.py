@@ -7,7 +7,6 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from treemod._tree.tree_at import tree_at
 from treemod.nn._activations import PReLU as _PReLU
 
 __all__ = ["PReLU"]
@@ -35,13 +34,6 @@ class PReLU(_PReLU):
     def __init__(self, init_alpha: Any = 0.25) -> None:
         super().__init__(init_alpha)
         self.negative_slope = jnp.asarray(init_alpha)
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        return {"negative_slope": self.negative_slope}
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> PReLU:
-        rebuilt: PReLU = tree_at(lambda m: m.negative_slope, self, fields["negative_slope"])
-        return rebuilt
 
     def __call__(self, x: Array, *, key: Any = None) -> Array:
         """Apply to `x`; integer inputs are promoted to the slope's dtype, as Equinox's are."""

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
-from treemod._tree.tree_at import tree_at
 from treemod.nn._conv import Conv as _Conv
 from treemod.nn._conv_transpose import ConvTranspose as _ConvTranspose
 from treemod.nn._utils import with_spatial_dims
@@ -95,21 +94,7 @@ def _same_with_output_padding(
     return tuple(pads), tuple(extras)
 
 
-class _EquinoxFields:
-    """Equinox's checkpoint layout is this layer's own: no conversion."""
-
-    weight: Array
-    bias: Array | None
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        return {"weight": self.weight, "bias": self.bias}
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Any:
-        new = (fields["weight"], fields["bias"])
-        return tree_at(lambda m: (m.weight, m.bias), self, new, is_leaf=lambda x: x is None)
-
-
-class Conv(_EquinoxFields, _Conv):
+class Conv(_Conv):
     """Equinox's `nn.Conv`: treemod's `Conv` with Equinox's init and a bias `(out, 1, ..., 1)`.
 
     Called on one example `(in_channels, *spatial)` as Equinox's layer is (`jax.vmap` for a
@@ -183,7 +168,7 @@ class Conv(_EquinoxFields, _Conv):
         return _Conv.__call__(self, x)
 
 
-class ConvTranspose(_EquinoxFields, _ConvTranspose):
+class ConvTranspose(_ConvTranspose):
     """Equinox's `nn.ConvTranspose`: treemod's `ConvTranspose` holding Equinox's kernel.
 
     Equinox runs its weight `(out, in/groups, *kernel)` unflipped as the convolution of the

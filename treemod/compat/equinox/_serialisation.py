@@ -2,27 +2,10 @@
 
 An Equinox file is the tree's leaves, depth first, each written by `numpy.save` one after
 another (no names, no header): `tree_serialise_leaves` here writes the same bytes as
-`equinox.tree_serialise_leaves` for the same model, so files move both ways.
-
-Layouts. Where a treemod layer holds its parameters differently from Equinox's layer of the
-same name, the class converts with two methods (a class-level protocol any `Module` may define):
-
-- `__equinox_leaves__(self) -> dict[str, Any]`: Equinox's fields of the layer, in Equinox's
-  field order, each holding what Equinox's layer holds there (arrays in Equinox's shapes and
-  orientation, Python scalars, nested modules, `None`). A value wrapped in `treemod.State` is
-  a `StateIndex` of Equinox's: its value lives in Equinox's separate `State` object.
-- `__from_equinox_leaves__(self, fields: dict[str, Any]) -> Self`: the layer rebuilt from such
-  a dict (with the loaded values), `self` giving the static configuration.
-
-Both must accept `jax.ShapeDtypeStruct` leaves (use `map_array`), as loading into an abstract
-model does. Modules without the methods are saved as their own leaves.
-
-State. treemod keeps state (`treemod.State` nodes: BatchNorm's statistics, SpectralNorm's
-vectors) inside the model; Equinox keeps it in a separate `State` and saves the pair
-`(model, state)`. A tree holding state is therefore written as Equinox writes
-`(model, state)` made by `equinox.nn.make_with_state`: the model's leaves, then the state's
-values in the order of the model's state indices. A tree without state is written as the
-tree itself.
+`equinox.tree_serialise_leaves` for the same model, so files move both ways. treemod's layers
+that hold their parameters differently from Equinox's are converted (`_layouts.py`), and state
+is written as Equinox's `(model, state)` pair (`_serialisation_plan.py`). treemod's own
+checkpoint system is `treemod.save`/`treemod.load`; this is Equinox's, for Equinox code.
 """
 
 from __future__ import annotations
@@ -30,29 +13,29 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import stat
 from collections.abc import Callable
 from typing import IO, Any
 
 import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 import numpy as np
 
-from treemod._module.state import State
-from treemod._saving.atomic_file import replace_atomically
-from treemod._saving.errors import CheckpointError
-from treemod._saving.multihost import spanning_error
-from treemod._saving.safetensors_read import (
+from treemod import CheckpointError
+from treemod._compat_api import (
     CheckpointNotFoundError,
     check_readable,
+    check_writable,
+    replace_atomically,
     seekable,
+    spanning_error,
 )
-from treemod._saving.safetensors_write import check_writable
+
+from ._serialisation_plan import Slot, plan
 
 __all__ = [
     "default_deserialise_filter_spec",
     "default_serialise_filter_spec",
-    "map_array",
     "tree_deserialise_leaves",
     "tree_serialise_leaves",
 ]
@@ -60,36 +43,25 @@ __all__ = [
 PathOrFile = str | os.PathLike[str] | IO[bytes]
 _NPY_MAGIC = b"\x93NUMPY"
 _ARRAY_LIKE = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+# The record dtype kinds each Python scalar type reads without changing the value (`bool`
+# before `int`: it is a subclass).
+_SCALAR_KINDS = ((bool, "b"), (int, "iu"), (float, "f"), (complex, "c"))
 
 
 class _EquinoxFileError(CheckpointError, RuntimeError):
     """A `CheckpointError` that is also the `RuntimeError` Equinox raises for a mismatch."""
 
 
-def map_array(x: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply `fn` to an array, or to the shape and dtype of a `jax.ShapeDtypeStruct`.
+class _ScalarMismatch(ValueError):
+    """A scalar record whose dtype would change the value read into `like`'s scalar leaf."""
 
-    Layers' `__equinox_leaves__`/`__from_equinox_leaves__` use it so that one conversion
-    serves concrete models and abstract ones (from `filter_eval_shape`); `None` passes through.
-
-    Arguments:
-        x: an array, a `jax.ShapeDtypeStruct` or `None`.
-        fn: a function of one array (a reshape, a flip, a transpose).
-
-    Returns:
-        `fn(x)`, or its `jax.ShapeDtypeStruct` if `x` is one.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> from treemod._saving.equinox_format import map_array
-        >>> map_array(jax.ShapeDtypeStruct((3,), jnp.float32), lambda b: b.reshape(3, 1)).shape
-        (3, 1)
-    """
-    if x is None:
-        return None
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return jax.eval_shape(fn, x)
-    return fn(x)
+    def __init__(self, like: Any, raw: np.ndarray[Any, Any]) -> None:
+        self.found = f"{raw.dtype.name} {raw.item()!r}"
+        self.like = type(like).__name__
+        super().__init__(
+            f"the file holds {self.found} where `like` has a {self.like}: reading it would "
+            "change the value (truncate it, or make it a bool)."
+        )
 
 
 def default_serialise_filter_spec(f: IO[bytes], x: Any) -> None:
@@ -100,9 +72,10 @@ def default_serialise_filter_spec(f: IO[bytes], x: Any) -> None:
         x: the leaf.
 
     Example:
-        >>> import io, numpy as np, treemod as tm
+        >>> import io, numpy as np
+        >>> import treemod.compat.equinox as eqx
         >>> buf = io.BytesIO()
-        >>> tm.default_serialise_filter_spec(buf, 1.5)
+        >>> eqx.default_serialise_filter_spec(buf, 1.5)
         >>> _ = buf.seek(0)
         >>> np.load(buf)
         array(1.5)
@@ -116,7 +89,10 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
 
     JAX arrays (and `jax.ShapeDtypeStruct`s) come back as JAX arrays, NumPy arrays as NumPy
     arrays, Python and NumPy scalars as their own type; other leaves are returned unchanged
-    and read nothing.
+    and read nothing. A scalar is read only from a record that holds its kind of value (an
+    `int` from an integer record, a `bool` from a boolean one, a NumPy scalar from its own
+    dtype): a float read into an `int` would be truncated, so it is refused with a
+    `ValueError` (Equinox converts it silently).
 
     Arguments:
         f: the binary file being read (seekable).
@@ -126,11 +102,12 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
         The loaded leaf.
 
     Example:
-        >>> import io, numpy as np, treemod as tm
+        >>> import io, numpy as np
+        >>> import treemod.compat.equinox as eqx
         >>> buf = io.BytesIO()
         >>> np.save(buf, 7)
         >>> _ = buf.seek(0)
-        >>> tm.default_deserialise_filter_spec(buf, 0)
+        >>> eqx.default_deserialise_filter_spec(buf, 0)
         7
     """
     if isinstance(x, jax.Array | jax.ShapeDtypeStruct):
@@ -141,98 +118,15 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
         raw = np.load(f)
         if isinstance(x, jnp.bfloat16) and raw.dtype.kind == "V":
             raw = raw.view(jnp.bfloat16)
+        if isinstance(x, np.generic):
+            same_kind = raw.dtype == x.dtype
+        else:
+            kinds = next(k for t, k in _SCALAR_KINDS if isinstance(x, t))
+            same_kind = raw.dtype.kind in kinds
+        if not same_kind and raw.ndim == 0:  # other shapes: `item` refuses them below
+            raise _ScalarMismatch(x, raw)
         return type(x)(raw.item())
     return x
-
-
-# Equinox's view of a treemod tree: slots (one per leaf) and a function rebuilding the tree.
-
-
-class _Slot:
-    __slots__ = ("path", "leaf", "spec", "owner", "value")
-
-    def __init__(self, path: jtu.KeyPath[Any], leaf: Any, spec: Any, owner: str | None) -> None:
-        self.path, self.leaf, self.spec, self.owner, self.value = path, leaf, spec, owner, leaf
-
-    def get(self) -> Any:
-        return self.value
-
-    def where(self) -> str:
-        where = jtu.keystr(self.path) or "(root)"
-        if self.owner:
-            where += f" (in Equinox's layout of {self.owner})"
-        return where
-
-
-def _hooked(x: Any) -> bool:
-    return hasattr(type(x), "__equinox_leaves__")
-
-
-def _view(
-    node: Any,
-    path: jtu.KeyPath[Any],
-    spec: Any,
-    is_leaf: Any,
-    model: list[_Slot],
-    state: list[_Slot],
-    owner: str | None = None,
-) -> Callable[[], Any]:
-    """Append `node`'s slots (Equinox's order) and return a function rebuilding `node`."""
-    if is_leaf is not None and is_leaf(node):
-        slot = _Slot(path, node, spec, owner)
-        model.append(slot)
-        return slot.get
-    if isinstance(node, State):
-        slots: list[_Slot] = []
-        value_path = (*path, jtu.GetAttrKey("value"))
-        inner = _view(node.value, value_path, spec, is_leaf, slots, slots, owner)
-        state.extend(slots)
-        return lambda: State(inner())
-    if _hooked(node):
-        fields = node.__equinox_leaves__()
-        name = type(node).__name__
-        parts = [
-            (k, _view(v, (*path, jtu.GetAttrKey(k)), spec, is_leaf, model, state, name))
-            for k, v in fields.items()
-        ]
-        return lambda: node.__from_equinox_leaves__({k: build() for k, build in parts})
-
-    def stop(x: Any) -> bool:
-        return x is not node and (
-            isinstance(x, State) or _hooked(x) or (is_leaf is not None and is_leaf(x))
-        )
-
-    pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=stop)
-    builders = []
-    for p, x in pairs:
-        where = (*path, *p)
-        if x is not node and (isinstance(x, State) or _hooked(x)):
-            builders.append(_view(x, where, spec, is_leaf, model, state, owner))
-        else:
-            slot = _Slot(where, x, spec, owner)
-            model.append(slot)
-            builders.append(slot.get)
-    return lambda: jtu.tree_unflatten(treedef, [b() for b in builders])
-
-
-def _plan(tree: Any, filter_spec: Any, is_leaf: Any) -> tuple[list[_Slot], Callable[[], Any]]:
-    """All slots of `tree` in file order (model, then state) and the tree's rebuilder."""
-    spec_pairs, spec_def_ = jtu.tree_flatten_with_path(filter_spec)
-    spec_def: Any = spec_def_
-    try:
-        subtrees = spec_def.flatten_up_to(tree)
-    except (ValueError, TypeError) as e:
-        raise ValueError(
-            "filter_spec must be a function, or a tree of functions whose structure is a prefix "
-            f"of the tree's: {e}"
-        ) from None
-    model: list[_Slot] = []
-    state: list[_Slot] = []
-    builders = [
-        _view(sub, tuple(p), spec, is_leaf, model, state)
-        for (p, spec), sub in zip(spec_pairs, subtrees, strict=True)
-    ]
-    return model + state, lambda: jtu.tree_unflatten(spec_def, [b() for b in builders])
 
 
 def _with_suffix(path: str | os.PathLike[str]) -> pathlib.Path:
@@ -240,23 +134,50 @@ def _with_suffix(path: str | os.PathLike[str]) -> pathlib.Path:
     return path.with_suffix(".eqx") if path.suffix == "" else path
 
 
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
 def _open(path: str | os.PathLike[str], label: str) -> IO[bytes]:
-    """Open a file to read, with errors that name it (a missing file is also a
-    `FileNotFoundError`, as Equinox raises)."""
+    """Open a regular file to read, with errors that name it (a missing file is also a
+    `FileNotFoundError`, as Equinox raises). The file is opened without blocking, so a FIFO
+    with no writer is refused rather than waited on."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        return open(_with_suffix(path), "rb")
+        fd = os.open(_with_suffix(path), flags)
     except FileNotFoundError:
         raise CheckpointNotFoundError(
             f"tree_deserialise_leaves: there is no file {label}."
         ) from None
     except IsADirectoryError:
-        raise _EquinoxFileError(
-            f"tree_deserialise_leaves: {label} is a directory, not a file in Equinox's format."
-        ) from None
+        fd = -1
     except OSError as e:
         raise _EquinoxFileError(
             f"tree_deserialise_leaves: cannot open {label}: {e.strerror or e}."
         ) from e
+    try:
+        mode = os.fstat(fd).st_mode if fd >= 0 else stat.S_IFDIR
+        if stat.S_ISDIR(mode):
+            raise _EquinoxFileError(
+                f"tree_deserialise_leaves: {label} is a directory, not a file in Equinox's format."
+            )
+        if not stat.S_ISREG(mode):
+            what = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise _EquinoxFileError(
+                f"tree_deserialise_leaves: {label} is {what}, not a regular file, and Equinox's "
+                "format is read with seeks (NumPy's .npy reader). Read it into memory first: "
+                "tree_deserialise_leaves(io.BytesIO(open(path, 'rb').read()), like)."
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
 
 
 def _label(path_or_file: Any) -> str:
@@ -296,14 +217,15 @@ def tree_serialise_leaves(
             whole).
 
     Example:
-        >>> import io, jax.numpy as jnp, treemod as tm
+        >>> import io, jax.numpy as jnp
+        >>> import treemod.compat.equinox as eqx
         >>> buf = io.BytesIO()
-        >>> tm.tree_serialise_leaves(buf, {"w": jnp.ones(2), "step": 3})
+        >>> eqx.tree_serialise_leaves(buf, {"w": jnp.ones(2), "step": 3})
         >>> _ = buf.seek(0)
-        >>> tm.tree_deserialise_leaves(buf, {"w": jnp.zeros(2), "step": 0})
+        >>> eqx.tree_deserialise_leaves(buf, {"w": jnp.zeros(2), "step": 0})
         {'step': 3, 'w': Array([1., 1.], dtype=float32)}
     """
-    slots, _ = _plan(pytree, filter_spec, is_leaf)
+    slots, _ = plan(pytree, filter_spec, is_leaf)
     for slot in slots:
         if isinstance(slot.leaf, jax.core.Tracer):
             raise TypeError(
@@ -324,7 +246,7 @@ def tree_serialise_leaves(
         _write(path_or_file, slots)
 
 
-def _write(f: IO[bytes], slots: list[_Slot]) -> None:
+def _write(f: IO[bytes], slots: list[Slot]) -> None:
     for slot in slots:
         try:
             slot.spec(f, slot.leaf)
@@ -335,7 +257,7 @@ def _write(f: IO[bytes], slots: list[_Slot]) -> None:
             ) from e
 
 
-def _check_header(f: IO[bytes], label: str, first: _Slot) -> None:
+def _check_header(f: IO[bytes], label: str, first: Slot) -> None:
     """Refuse a file that is not a sequence of `.npy` records, saying what it is."""
     start = f.tell()
     head = f.read(9)
@@ -361,7 +283,7 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def _check_leaf(label: str, slot: _Slot, index: int, total: int) -> None:
+def _check_leaf(label: str, slot: Slot, index: int, total: int) -> None:
     new, old = slot.value, slot.leaf
     old_is_jax = isinstance(old, jax.Array | jax.ShapeDtypeStruct)
     same_type = isinstance(new, jax.Array) if old_is_jax else type(new) is type(old)
@@ -374,12 +296,18 @@ def _check_leaf(label: str, slot: _Slot, index: int, total: int) -> None:
         elif new.dtype != old.dtype:
             problem = f"dtype from {np.dtype(old.dtype).name}", np.dtype(new.dtype).name
     if problem:
-        raise _EquinoxFileError(
-            f"Deserialised leaf at path {slot.path} has changed {problem[0]} in `like` to "
-            f"{problem[1]} on disk: tree_deserialise_leaves: {label}, leaf {index + 1} of "
-            f"{total} at {slot.where()}. The file was saved from a different architecture or "
-            "configuration than `like`; build `like` as the saved model was built."
-        )
+        raise _mismatch(label, slot, index, total, *problem)
+
+
+def _mismatch(
+    label: str, slot: Slot, index: int, total: int, what: str, found: str, note: str = ""
+) -> _EquinoxFileError:
+    return _EquinoxFileError(
+        f"Deserialised leaf at path {slot.path} has changed {what} in `like` to {found} on "
+        f"disk: tree_deserialise_leaves: {label}, leaf {index + 1} of {total} at "
+        f"{slot.where()}.{note} The file was saved from a different architecture or "
+        "configuration than `like`; build `like` as the saved model was built."
+    )
 
 
 def tree_deserialise_leaves(
@@ -415,15 +343,16 @@ def tree_deserialise_leaves(
 
     Example:
         >>> import io, jax, jax.numpy as jnp, treemod as tm
+        >>> import treemod.compat.equinox as eqx
         >>> conv = tm.nn.Conv2d(1, 2, 3, key=jax.random.key(0))
         >>> buf = io.BytesIO()
-        >>> tm.tree_serialise_leaves(buf, conv)  # the bias goes out as Equinox's (2, 1, 1)
+        >>> eqx.tree_serialise_leaves(buf, conv)  # the bias goes out as Equinox's (2, 1, 1)
         >>> _ = buf.seek(0)
-        >>> back = tm.tree_deserialise_leaves(buf, tm.nn.Conv2d(1, 2, 3, key=jax.random.key(1)))
+        >>> back = eqx.tree_deserialise_leaves(buf, tm.nn.Conv2d(1, 2, 3, key=jax.random.key(1)))
         >>> bool((back.bias == conv.bias).all()), back.bias.shape
         (True, (2,))
     """
-    slots, rebuild = _plan(like, filter_spec, is_leaf)
+    slots, rebuild = plan(like, filter_spec, is_leaf)
     label = _label(path_or_file)
     with contextlib.ExitStack() as stack:
         if isinstance(path_or_file, str | os.PathLike):
@@ -446,6 +375,11 @@ def tree_deserialise_leaves(
                 slot.value = slot.spec(f, slot.leaf)
             except CheckpointError:
                 raise
+            except _ScalarMismatch as e:
+                note = " Reading it would change the value (truncate it, or make it a bool)."
+                raise _mismatch(
+                    label, slot, i, total, f"type from {e.like}", e.found, note
+                ) from None
             except EOFError:
                 raise _EquinoxFileError(
                     f"Error at leaf with path {slot.path}: tree_deserialise_leaves: {label} "
