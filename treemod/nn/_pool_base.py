@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +13,6 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from treemod._module.module import Module, field
 
-from . import _equinox_layout as _eqx
 from ._layout import apply_image_layer, layer_name, spatial_pads, spatial_shape
 from ._utils import as_tuple, check_padding, check_size
 
@@ -103,14 +102,6 @@ class Pool(Module):
                     f"{name}: padding {self.padding} must be at most half the kernel size "
                     f"{self.kernel_size} (a window must never lie wholly in the padding)."
                 )
-
-    def __equinox_leaves__(self) -> dict[str, Any]:
-        """Equinox's fields of this pool, for Equinox's checkpoint format."""
-        return _eqx.pool_fields(self, self.init)
-
-    def __from_equinox_leaves__(self, fields: dict[str, Any]) -> Self:
-        """This pool (its `init` and `operation` are its configuration)."""
-        return self
 
     def _pads(self, spatial: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[int]]:
         """Explicit padding per spatial dim, and the extra high padding that ceil mode adds."""
