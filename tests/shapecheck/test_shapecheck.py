@@ -14,6 +14,8 @@ from jaxtyping import Array, Float, Int, PyTree
 
 import treemod as tm
 from treemod._shapecheck import engine as _shapecheck
+from treemod._shapecheck.checker import checked_call_state
+from treemod._tree.module_info import module_info
 
 # ---------------------------------------------------------------------------- test modules
 
@@ -521,11 +523,11 @@ def test_environment_variable_at_import():
 
 
 def test_unannotated_modules_pay_nothing():
-    assert Plain.__dict__.get("__tm_field_spec__") in (None, ())
+    assert module_info(Plain).field_spec in (None, ())
     Plain(jnp.ones(2))
-    assert Plain.__dict__["__tm_field_spec__"] == ()
-    assert not hasattr(Plain.__call__, "__tm_shapecheck_state__")  # not wrapped
-    assert hasattr(Linear.__call__, "__tm_shapecheck_state__")
+    assert module_info(Plain).field_spec == ()
+    assert checked_call_state(Plain.__call__) is None  # not wrapped
+    assert checked_call_state(Linear.__call__) is not None
 
 
 def test_checks_run_only_while_tracing(monkeypatch):
@@ -539,7 +541,7 @@ def test_checks_run_only_while_tracing(monkeypatch):
     monkeypatch.setattr(_shapecheck, "_check", counting)
     step = jax.jit(lambda m, x: m(x))
     layer = lin(2, 3)
-    spec = Linear.__call__.__tm_shapecheck_state__[0]
+    spec = checked_call_state(Linear.__call__)[0]
     if spec:  # forget signatures that passed in earlier tests (the per-signature cache)
         spec.passed.clear()
     calls.clear()
@@ -599,7 +601,7 @@ def test_checks_run_only_while_tracing_under_filter_jit(monkeypatch):
     monkeypatch.setattr(_shapecheck, "_check", counting)
     step = filter_jit(lambda m, x: m(x))
     layer = lin(2, 3)
-    spec = Linear.__call__.__tm_shapecheck_state__[0]
+    spec = checked_call_state(Linear.__call__)[0]
     if spec:  # forget signatures that passed in earlier tests (the per-signature cache)
         spec.passed.clear()
     calls.clear()
@@ -651,7 +653,7 @@ def test_custom_init_arguments_are_checked_through_fields_or_on_request():
         def __init__(self, weight: Float[Array, "n n"], key: Float[Array, "2"]):
             self.weight = weight
 
-    assert not hasattr(FromWeight.__init__, "__tm_shapecheck_state__")  # not wrapped
+    assert checked_call_state(FromWeight.__init__) is None  # not wrapped
     FromWeight(jnp.eye(2), None)  # `key` is not checked: __init__ validates its arguments
     with pytest.raises(tm.ShapeCheckError, match=r"^FromWeight\.weight: expected"):
         FromWeight(jnp.ones((2, 3)), None)  # ... and the field it sets is

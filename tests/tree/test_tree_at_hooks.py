@@ -1,11 +1,10 @@
-"""tree_at's shape checks of rebuilt modules, the class-level hook that turns them off below a
-module (`__tm_check_descendants__`, set by `nn.Stack`), and `is_module`, the one Module test
-below `treemod._module`."""
+"""tree_at's shape checks of rebuilt modules, the class option that turns them off below a
+module (`check_descendants=False`, given by `nn.Stack`), and `is_module` and `module_info`, how
+code below `treemod._module` reads a Module class."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +13,11 @@ from jaxtyping import Array, Float
 
 import treemod as tm
 import treemod.nn as nn
-from treemod._tree.module_marker import (
+from treemod._tree.module_info import (
     check_descendants,
     is_module,
     is_module_class,
+    module_info,
     static_field_names,
 )
 
@@ -30,10 +30,9 @@ class Holder(tm.Module):
     row: Row
 
 
-class LayerAxisHolder(tm.Module):
+class LayerAxisHolder(tm.Module, check_descendants=False):
     """Like nn.Stack: the arrays below carry an extra leading axis."""
 
-    __tm_check_descendants__: ClassVar[bool] = False
     row: Row
 
 
@@ -94,3 +93,67 @@ def test_static_field_names() -> None:
     assert static_field_names(Config) == ("size", "act")
     assert static_field_names(PlainDataclass) == ()
     assert is_module_class(Config) and not is_module_class(PlainDataclass)
+
+
+def test_class_options_are_inherited_from_the_class_that_gave_them() -> None:
+    class Child(LayerAxisHolder):  # gives no option: LayerAxisHolder's
+        pass
+
+    class Checked(LayerAxisHolder, check_descendants=True):
+        pass
+
+    class Diamond(Holder, Child):  # Holder gave none; Child inherited LayerAxisHolder's
+        pass
+
+    class Top(tm.Module, check_descendants=False):
+        pass
+
+    class Left(Top):
+        pass
+
+    class Right(Top, check_descendants=True):
+        pass
+
+    class Bottom(Left, Right):  # the MRO is Bottom, Left, Right, Top: Right gave it first
+        pass
+
+    assert module_info(Left).check_descendants is False
+    assert module_info(Bottom).check_descendants is True
+    assert module_info(Child).check_descendants is False
+    assert module_info(Checked).check_descendants is True
+    assert module_info(Diamond).check_descendants is False  # as attribute lookup would find
+    assert module_info(Holder).check_descendants is True
+    assert module_info(tm.State).holds_state and not module_info(Holder).holds_state
+
+
+def test_class_options_refuse_non_booleans() -> None:
+    with pytest.raises(
+        TypeError, match=r"class .*Bad: the class option `check_descendants=` takes"
+    ):
+
+        class Bad(tm.Module, check_descendants="no"):  # type: ignore[call-arg]
+            x: int
+
+
+def test_module_info_records_the_fields() -> None:
+    def positive(x: float) -> float:
+        return abs(x)
+
+    class Config(tm.Module):
+        w: jax.Array
+        size: int = tm.field(static=True)
+        scale: float = tm.field(converter=positive, default=1.0)
+        cache: int = tm.field(init=False, default=0)
+
+        def __check_init__(self) -> None:
+            pass
+
+    info = module_info(Config)
+    assert [f.name for f in info.fields] == ["w", "size", "scale", "cache"]
+    assert info.field_names == {"w", "size", "scale", "cache"}
+    assert info.static_fields == ("size",) and info.init_false_fields == ("cache",)
+    assert info.converters == (("scale", positive),)
+    assert info.check_inits == (Config.__check_init__,)
+    assert not info.custom_init and not info.abstract_vars
+    with pytest.raises(TypeError, match="PlainDataclass.* is not a treemod.Module class"):
+        module_info(PlainDataclass)

@@ -11,7 +11,7 @@ import numpy as np
 
 from treemod._format.describe import describe_array
 from treemod._tree.filters import is_array
-from treemod._tree.module_marker import is_module
+from treemod._tree.module_info import INFO_ATTRIBUTE, is_module
 
 if TYPE_CHECKING:
     import wadler_lindig as wl
@@ -150,8 +150,10 @@ def _type_name(node: Any) -> str:
 
 
 def _is_state_node(x: Any) -> bool:
-    """Whether `x` is a `treemod.State` node (its class is marked: this layer cannot import it)."""
-    return getattr(type(x), "__tm_state__", False) is True
+    """Whether `x` is a `treemod.State` node (its class option `holds_state=True`: this layer
+    cannot import it)."""
+    info = getattr(type(x), INFO_ATTRIBUTE, None)
+    return info is not None and info.holds_state
 
 
 def _count(node: Any, in_state: bool) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 
 from treemod._format.describe import describe_array
 from treemod._format.paths import render_path
-from treemod._tree.module_marker import static_field_names
+from treemod._tree.module_info import static_field_names
 
 logger = logging.getLogger("treemod")
 

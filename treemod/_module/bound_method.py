@@ -28,6 +28,8 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from treemod._tree.module_info import is_module_class
+
 __all__ = ["BoundMethod", "bind_inherited_methods", "bind_methods"]
 
 
@@ -106,7 +108,7 @@ def bind_inherited_methods(cls: type) -> None:
     """Give `cls` the plain functions it inherits from bases that are not modules (mixins) as
     `BoundMethod`-giving methods too; modules' own bodies were bound by `bind_methods`."""
     for base in cls.__mro__[1:-1]:
-        if hasattr(base, "__tm_fields__"):  # a module: its own body is bound, or is treemod's
+        if is_module_class(base):  # a module: its own body is bound, or is treemod's
             continue
         for name, value in vars(base).items():
             if (

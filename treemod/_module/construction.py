@@ -19,6 +19,7 @@ import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod
 from treemod._tree.filters import is_inexact_traceable_array_like, is_traceable_array
+from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo
 
 __all__ = [
     "CONTAINERS",
@@ -75,8 +76,9 @@ def inherits_custom_init(cls: type) -> bool:
     """Whether the nearest base defining `__init__` (a module's own or generated one, or any
     other class's) has a hand-written one."""
     for base in cls.__mro__[1:-1]:
-        if "__tm_custom_init__" in base.__dict__:
-            return bool(base.__dict__["__tm_custom_init__"])
+        info: ModuleInfo | None = base.__dict__.get(INFO_ATTRIBUTE)
+        if info is not None:
+            return info.custom_init
         if "__init__" in base.__dict__:  # a non-module base (mixin) with its own `__init__`
             return True
     return False
@@ -149,10 +151,10 @@ def check_suspect_value(cls: Any, self: Any, name: str, value: Any) -> None:
         )
 
 
-def warn_field_values(cls: Any, d: dict[str, Any]) -> None:
+def warn_field_values(info: ModuleInfo, cls: Any, d: dict[str, Any]) -> None:
     """Equinox's construction warnings: an array in a static field, and floating-point values
     in a `field(init=False)` (which JAX transforms treat as a leaf of its own)."""
-    for name in cls.__tm_static_fields__:
+    for name in info.static_fields:
         value = d[name]
         if is_traceable_array(value) or (
             isinstance(value, CONTAINERS) and any(map(is_traceable_array, jtu.tree_leaves(value)))
@@ -164,7 +166,7 @@ def warn_field_values(cls: Any, d: dict[str, Any]) -> None:
                 "make it a normal field.",
                 stacklevel=4,
             )
-    for name in cls.__tm_init_false_fields__:
+    for name in info.init_false_fields:
         if any(map(is_inexact_traceable_array_like, jtu.tree_leaves(d[name]))):
             warnings.warn(
                 f"{cls.__qualname__}.{name} is a `field(init=False)` holding floating-point "

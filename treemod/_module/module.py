@@ -26,9 +26,10 @@ from treemod._module.construction import (
 )
 from treemod._shapecheck.checker import check_fields
 from treemod._shapecheck.class_hooks import install_class_checks
+from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo, module_info
 from treemod._tree.tree_equal import tree_equal
 
-__all__ = ["Module", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
+__all__ = ["Module", "ModuleMeta", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
 
 _T = TypeVar("_T")
 
@@ -166,14 +167,49 @@ def _abstract_kind(annotation: Any, owner: str = "") -> str | None:
     return "classvar" if origin is AbstractClassVar else None
 
 
+# The class options a `class` statement may give (`class Stack(Module, check_descendants=False)`)
+# besides `shapecheck=`, with the values `Module` has; a subclass that does not give one inherits
+# it from the first class in its MRO that did.
+_CLASS_OPTIONS: dict[str, bool] = {
+    "check_descendants": True,
+    "strict_abstract_class_vars": True,
+    "holds_state": False,
+}
+
+
+def _inherited_option(cls: type, name: str, default: Any) -> Any:
+    """A class option's value from the first class in `cls`'s MRO (itself excluded) that gave
+    it, as attribute lookup would find it."""
+    for klass in cls.__mro__[1:]:
+        info: ModuleInfo | None = klass.__dict__.get(INFO_ATTRIBUTE)
+        if info is not None and name in info.options_given:
+            return getattr(info, name)
+    return default
+
+
 @dataclass_transform(field_specifiers=(dataclasses.field, field))
-class _ModuleMeta(abc.ABCMeta):
-    """Turns every subclass into a dataclass and a pytree; runs the construction protocol."""
+class ModuleMeta(abc.ABCMeta):
+    """Turns every subclass into a dataclass and a pytree; runs the construction protocol.
+
+    It records what it derives from each class in a `ModuleInfo` (`treemod/_tree/module_info.py`),
+    which every layer reads with `module_info(cls)`.
+    """
 
     def __new__(
         mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
     ) -> Any:
-        install_class_checks(namespace, kwargs)  # shape checks: `shapecheck=`, wrap methods
+        options: dict[str, Any] = {}
+        for option in _CLASS_OPTIONS:
+            if option in kwargs:
+                value = kwargs.pop(option)
+                if not isinstance(value, bool):
+                    raise TypeError(
+                        f"class {namespace.get('__qualname__', name)}: the class option "
+                        f"`{option}=` takes True or False, not {value!r}."
+                    )
+                options[option] = value
+        shape_options, field_annotations = install_class_checks(namespace, kwargs)
+        options.update(shape_options)
         annotations = dict(namespace.get("__annotations__", {}))
         kinds = {k: _abstract_kind(v, f"{name}.{k}") for k, v in annotations.items()}
         own_abstract = {k for k, kind in kinds.items() if kind is not None}
@@ -189,13 +225,19 @@ class _ModuleMeta(abc.ABCMeta):
             del annotations[k]
         namespace["__annotations__"] = annotations
         cls: Any = super().__new__(mcs, name, bases, namespace, **kwargs)
+        resolved = {
+            option: options[option]
+            if option in options
+            else _inherited_option(cls, option, default)
+            for option, default in {**_CLASS_OPTIONS, "shapecheck": None}.items()
+        }
 
         # A hand-written `__init__` is inherited, also by subclasses that add fields (as in
         # Equinox; their new fields take their defaults).
-        cls.__tm_custom_init__ = "__init__" in namespace or inherits_custom_init(cls)
+        custom_init = "__init__" in namespace or inherits_custom_init(cls)
         init_doc = cls.__init__.__doc__  # a generated `__init__` keeps the inherited docstring
-        cls = dataclasses.dataclass(eq=False, repr=False, init=not cls.__tm_custom_init__)(cls)
-        if cls.__tm_custom_init__:
+        cls = dataclasses.dataclass(eq=False, repr=False, init=not custom_init)(cls)
+        if custom_init:
             if hasattr(cls, "__post_init__"):
                 warnings.warn(
                     f"{cls.__module__}.{cls.__qualname__} has a custom `__init__` method and a "
@@ -210,21 +252,25 @@ class _ModuleMeta(abc.ABCMeta):
 
         # Abstract variables stay abstract until a field, class attribute or property provides
         # them, here or in any base (so diamonds resolve as attribute lookup does).
-        inherited = set().union(*(getattr(b, "__tm_abstract_vars__", set()) for b in bases))
-        class_vars = own_class_vars.union(
-            *(getattr(b, "__tm_abstract_class_vars__", set()) for b in bases)
-        )
+        base_infos = [b.__dict__[INFO_ATTRIBUTE] for b in bases if INFO_ATTRIBUTE in b.__dict__]
+        inherited = set().union(*(i.abstract_vars for i in base_infos))
+        class_vars = own_class_vars.union(*(i.abstract_class_vars for i in base_infos))
         field_names = {f.name for f in dataclasses.fields(cls)}  # ClassVars excluded
-        if not cls.__tm_strict_class_vars__:  # a field may provide it (the compat namespace)
+        provided_by_annotation: set[str] = set()
+        if not resolved["strict_abstract_class_vars"]:
+            # Equinox's rule (the compat namespace): a field, or an annotation without a value
+            # (`x: ClassVar[bool]`), provides a base's AbstractClassVar.
             class_vars -= field_names
+            provided_by_annotation = class_vars & annotations.keys()
         for n in class_vars & field_names:
             raise TypeError(
                 f"{cls.__qualname__}.{n} is declared as an AbstractClassVar by a base class, "
                 f"so provide it as a class variable (`{n}: ClassVar[...] = value`), not a field."
             )
-        cls.__tm_abstract_class_vars__ = frozenset(class_vars)
-        cls.__tm_abstract_vars__ = frozenset(
-            n for n in inherited | own_abstract if n not in field_names and not hasattr(cls, n)
+        abstract_vars = frozenset(
+            n
+            for n in inherited | own_abstract
+            if n not in field_names and n not in provided_by_annotation and not hasattr(cls, n)
         )
 
         # A field that a subclass overrides with a property or a class attribute (or a slot) is
@@ -233,37 +279,47 @@ class _ModuleMeta(abc.ABCMeta):
         fields = tuple(
             f
             for f in dataclasses.fields(cls)
-            if not ((cls.__tm_custom_init__ or not f.init) and provided_by_class(cls, f))
+            if not ((custom_init or not f.init) and provided_by_class(cls, f))
         )
-        cls.__tm_fields__ = fields
-        cls.__tm_field_names__ = frozenset(f.name for f in fields)
-        cls.__tm_class_provided__ = tuple(
-            f.name for f in dataclasses.fields(cls) if f not in fields
+        info = ModuleInfo(
+            fields=fields,
+            field_names=frozenset(f.name for f in fields),
+            static_fields=tuple(f.name for f in fields if f.metadata.get("static", False)),
+            init_false_fields=tuple(f.name for f in fields if not f.init),
+            converters=tuple(
+                (f.name, f.metadata["converter"]) for f in fields if "converter" in f.metadata
+            ),
+            class_provided=tuple(f.name for f in dataclasses.fields(cls) if f not in fields),
+            check_inits=tuple(
+                k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in k.__dict__
+            ),
+            custom_init=custom_init,
+            abstract_vars=abstract_vars,
+            abstract_class_vars=frozenset(class_vars),
+            field_annotations=field_annotations,
+            options_given=frozenset(options),
+            **resolved,
         )
-        cls.__tm_converters__ = tuple(
-            (f.name, f.metadata["converter"]) for f in fields if "converter" in f.metadata
-        )
-        cls.__tm_static_fields__ = tuple(f.name for f in fields if f.metadata.get("static", False))
-        cls.__tm_init_false_fields__ = tuple(f.name for f in fields if not f.init)
-        cls.__tm_check_inits__ = tuple(
-            k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in k.__dict__
-        )
+        type.__setattr__(cls, INFO_ATTRIBUTE, info)
         flatten, flatten_with_keys, unflatten = make_tree_functions(cls, fields)
         jtu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten_func=flatten)
         return cls
 
     def __call__(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if cls.__abstractmethods__ or cls.__tm_abstract_vars__:
+        # The record is read once per construction, as an attribute (the accessor's cost is
+        # measurable here); `module_info` is the way everywhere else.
+        info: ModuleInfo = cls.__treemod_info__
+        if info.abstract_vars or cls.__abstractmethods__:
             _raise_abstract(cls)
         self = cls.__new__(cls)
         key = id(self)
         _INITIALISING.add(key)
         try:
             self.__init__(*args, **kwargs)
-            _finish_init(cls, self)
+            _finish_init(info, cls, self)
         finally:
             _INITIALISING.discard(key)
-        for check in cls.__tm_check_inits__:
+        for check in info.check_inits:
             check(self)
         check_fields(self, constructing=True)
         return self
@@ -287,8 +343,9 @@ class _InitSignature:
 
 def _raise_abstract(cls: Any) -> None:
     parts = []
-    missing = cls.__tm_abstract_vars__ - cls.__tm_abstract_class_vars__
-    missing_class_vars = cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__
+    info = module_info(cls)
+    missing = info.abstract_vars - info.abstract_class_vars
+    missing_class_vars = info.abstract_vars & info.abstract_class_vars
     if missing:
         parts.append(f"abstract attributes (AbstractVar) {', '.join(sorted(missing))}")
     if missing_class_vars:
@@ -303,11 +360,11 @@ def _raise_abstract(cls: Any) -> None:
     )
 
 
-def _finish_init(cls: Any, self: Any) -> None:
+def _finish_init(info: ModuleInfo, cls: Any, self: Any) -> None:
     """Fill defaults, check every field is set, run converters, warn on arrays in static fields."""
     d = self.__dict__
-    if not d.keys() >= cls.__tm_field_names__:  # some field unset: its default, or an error
-        for f in cls.__tm_fields__:
+    if not d.keys() >= info.field_names:  # some field unset: its default, or an error
+        for f in info.fields:
             if f.name in d:
                 continue
             if f.default is not dataclasses.MISSING:
@@ -325,24 +382,24 @@ def _finish_init(cls: Any, self: Any) -> None:
         for name, value in list(d.items()):
             if type(value) in SUSPECT_TYPES:
                 check_suspect_value(cls, self, name, value)
-    if cls.__tm_class_provided__:
-        for name in cls.__tm_class_provided__:
+    if info.class_provided:
+        for name in info.class_provided:
             if name in d:
                 raise TypeError(
                     f"{cls.__qualname__}.__init__ set '{name}', a field of a base class that "
                     f"{cls.__qualname__} overrides with a class-level value, so it is no longer "
                     "stored on instances. Remove the override, or do not set it in __init__."
                 )
-    for name, converter in cls.__tm_converters__:
+    for name, converter in info.converters:
         d[name] = converter(d[name])
-    if cls.__tm_static_fields__ or cls.__tm_init_false_fields__:
-        warn_field_values(cls, d)
+    if info.static_fields or info.init_false_fields:
+        warn_field_values(info, cls, d)
     # A fresh (combined) dict: CPython 3.11 reads attributes from the split dict that reading
     # `__dict__` materialised about 2x slower than from a plain dataclass.
     _setattr(self, "__dict__", dict(d))
 
 
-class Module(metaclass=_ModuleMeta):
+class Module(metaclass=ModuleMeta):
     """Base class for models: subclasses are frozen dataclasses and JAX pytrees.
 
     Declare fields with annotations. Array and submodule fields are the tree's leaves and
@@ -374,15 +431,6 @@ class Module(metaclass=_ModuleMeta):
     """
 
     __signature__ = _InitSignature()
-
-    # A class-level hook read by `tree_at` (`treemod/_tree/module_marker.py`): a subclass whose
-    # descendants' arrays do not match their own annotations (`nn.Stack`, whose arrays carry an
-    # extra leading axis) sets it to False, and modules rebuilt below it are not shape-checked.
-    __tm_check_descendants__: ClassVar[bool] = True
-
-    # Whether a field may not provide an `AbstractClassVar` of a base (an error in treemod; the
-    # compat namespace's `Module` allows it, as Equinox does).
-    __tm_strict_class_vars__: ClassVar[bool] = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if id(self) in _INITIALISING:

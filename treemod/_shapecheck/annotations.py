@@ -159,3 +159,17 @@ def function_annotations(
     if globalns is None:
         globalns = getattr(fn, "__globals__", {})
     return {k: resolve_annotation(a, globalns, localns or {}) for k, a in raw.items()}
+
+
+def display_name(obj: Any) -> str:
+    """A class's or function's qualified name without the `f.<locals>.` prefix (for messages)."""
+    return str(getattr(obj, "__qualname__", obj)).rsplit("<locals>.", 1)[-1]
+
+
+def unresolved_error(what: str, annotation: Any, error: Exception) -> NameError:
+    """The error for an annotation of `what` (a field, a function) that names something unknown."""
+    return NameError(
+        f"treemod could not resolve the annotation {annotation!r} of {what} for shape checking "
+        f"({error}). String annotations (`from __future__ import annotations`) are evaluated "
+        "in the module's global namespace: import the names they use at module level."
+    )

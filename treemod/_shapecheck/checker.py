@@ -14,41 +14,31 @@ annotation, the first call of a `shapecheck`-decorated function, or the first lo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from treemod._shapecheck.annotations import (
-    UnresolvedAnnotation,
-    contains_jaxtyping,
-    function_annotations,
-    resolve_annotation,
-)
+from treemod._shapecheck.annotations import UnresolvedAnnotation, function_annotations
 from treemod._shapecheck.config import enabled_for
-from treemod._tree.module_marker import is_module_class
+from treemod._shapecheck.fields import field_spec
+from treemod._tree.module_info import (
+    INFO_ATTRIBUTE,
+    ModuleInfo,
+    is_module_class,
+    module_info,
+    update_module_info,
+)
 
 if TYPE_CHECKING:
-    from treemod._shapecheck.engine import ShapeCheckError, _Entry
+    from treemod._shapecheck.engine import ShapeCheckError
+    from treemod._shapecheck.spec import Entry
 
-__all__ = ["ShapeCheckError", "shapecheck"]
+__all__ = ["ShapeCheckError", "checked_call_state", "check_fields", "shapecheck", "wrap_checked"]
 
 _T = TypeVar("_T")
-
-
-def _name(obj: Any) -> str:
-    """A class's or function's qualified name without the `f.<locals>.` prefix."""
-    return str(getattr(obj, "__qualname__", obj)).rsplit("<locals>.", 1)[-1]
-
-
-def _unresolved(what: str, annotation: Any, error: Exception) -> NameError:
-    return NameError(
-        f"treemod could not resolve the annotation {annotation!r} of {what} for shape checking "
-        f"({error}). String annotations (`from __future__ import annotations`) are evaluated "
-        "in the module's global namespace: import the names they use at module level."
-    )
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -90,12 +80,12 @@ def _run_first(
     return run(fn, state, args, kwargs)
 
 
-def _check_spec_first(module: Any, spec: tuple[_Entry, ...], constructing: bool) -> None:
+def _check_spec_first(module: Any, spec: tuple[Entry, ...], constructing: bool) -> None:
     _load_engine().check_spec(module, spec, constructing)
 
 
 _run: Callable[[Callable[..., Any], list[Any], tuple[Any, ...], dict[Any, Any]], Any] = _run_first
-_check_spec: Callable[[Any, tuple[_Entry, ...], bool], None] = _check_spec_first
+_check_spec: Callable[[Any, tuple[Entry, ...], bool], None] = _check_spec_first
 
 
 def __getattr__(name: str) -> Any:
@@ -105,43 +95,6 @@ def __getattr__(name: str) -> Any:
         globals()[name] = error
         return error
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# ------------------------------------------------------------------------------ analysis
-
-
-def field_spec(cls: type) -> tuple[_Entry, ...]:
-    """The fields of `cls` that carry jaxtyping annotations (computed once, cached on `cls`).
-
-    A class without any (every class, while jaxtyping is not imported) gets `()` without
-    loading the engine.
-    """
-    spec: tuple[_Entry, ...] | None = cls.__dict__.get("__tm_field_spec__")
-    if spec is not None:
-        return spec
-    found: list[tuple[str, Any]] = []
-    for f in dataclasses.fields(cls):
-        annotation = f.type
-        if isinstance(annotation, str):
-            owner = next(
-                (k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {})), cls
-            )
-            early = owner.__dict__.get("__tm_field_annotations__", {})
-            if f.name in early:
-                annotation = early[f.name]
-            else:
-                module = sys.modules.get(owner.__module__)
-                globalns = vars(module) if module is not None else {}
-                try:
-                    annotation = resolve_annotation(annotation, globalns, dict(vars(owner)))
-                except UnresolvedAnnotation as e:
-                    raise _unresolved(f"field {_name(cls)}.{f.name}", f.type, e) from None
-        if contains_jaxtyping(annotation):
-            found.append((f.name, annotation))
-    # A jaxtyping annotation means jaxtyping is imported already; the engine is loaded here.
-    spec = tuple(_load_engine().make_entry(n, a) for n, a in found) if found else ()
-    type.__setattr__(cls, "__tm_field_spec__", spec)
-    return spec
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -155,7 +108,8 @@ def check_fields(module: Any, constructing: bool = True) -> None:
     filter specs and partitioned trees, are let through).
     """
     cls = type(module)
-    spec = cls.__dict__.get("__tm_field_spec__")
+    info: ModuleInfo = getattr(cls, INFO_ATTRIBUTE)  # `module_info` without a call: a hot path
+    spec = info.field_spec
     if spec is None:
         spec = field_spec(cls)
     if not spec or not enabled_for(cls):
@@ -163,14 +117,36 @@ def check_fields(module: Any, constructing: bool = True) -> None:
     _check_spec(module, spec, constructing)
 
 
+# The wrappers `wrap_checked` made, with their state. Not an attribute of the wrapper:
+# `functools.wraps` would copy it to a decorator wrapped around it.
+_CHECKED: weakref.WeakKeyDictionary[Callable[..., Any], list[Any]] = weakref.WeakKeyDictionary()
+
+
+def checked_call_state(fn: Any) -> list[Any] | None:
+    """The state of a wrapper made by `wrap_checked` (`None` for any other object).
+
+    It is `[spec, force, annotations]`: `spec` is `None` until the first call analyses the
+    annotations (resolved ones if given), then the analysis (`spec.CallSpec`, or `False`:
+    nothing to check); `force` checks whatever the switch says.
+    """
+    try:
+        return _CHECKED.get(fn)
+    except TypeError:  # not weak-referenceable or not hashable: not a wrapper
+        return None
+
+
 def wrap_checked(
     fn: Callable[..., Any], force: bool = False, annotations: dict[str, Any] | None = None
 ) -> Callable[..., Any]:
     """Wrap `fn` so that its calls are checked by `engine.run_checked_call`.
 
-    The wrapper's `__tm_shapecheck_state__` is `[spec, force, annotations]`: `spec` is `None`
-    until the first call analyses the annotations (resolved ones if given), then the analysis
-    (or `False`: nothing to check); `force` checks whatever the switch says.
+    Arguments:
+        fn: the function.
+        force: check whatever the switch says (`shapecheck`).
+        annotations: `fn`'s annotations resolved already (`None`: at the first call).
+
+    Returns:
+        The wrapper (its state: `checked_call_state`).
     """
     state: list[Any] = [None, force, annotations or None]
 
@@ -180,7 +156,7 @@ def wrap_checked(
             return fn(*args, **kwargs)
         return _run(fn, state, args, kwargs)
 
-    checked.__tm_shapecheck_state__ = state  # type: ignore[attr-defined]
+    _CHECKED[checked] = state
     return checked
 
 
@@ -222,11 +198,12 @@ def shapecheck(obj: _T) -> _T:
                 f"{obj.__qualname__}. For a plain dataclass use "
                 "jaxtyping.jaxtyped(typechecker=...)."
             )
-        type.__setattr__(obj, "__tm_shapecheck__", True)
+        given = module_info(obj).options_given | {"shapecheck"}
+        update_module_info(obj, shapecheck=True, options_given=given)
         return obj
     if not callable(obj):
         raise TypeError(f"shapecheck decorates functions and Module classes, not {obj!r}.")
-    state = getattr(obj, "__tm_shapecheck_state__", None)
+    state = checked_call_state(obj)
     if state is not None:
         fn = obj.__wrapped__  # type: ignore[attr-defined]
         return wrap_checked(fn, force=True, annotations=state[2])  # type: ignore[return-value]

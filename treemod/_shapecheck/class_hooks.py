@@ -2,7 +2,8 @@
 
 `install_class_checks` is called by the Module metaclass (`treemod/_module/module.py`) before
 each class is created: it reads the class option and wraps the methods whose annotations use
-jaxtyping with `checker.wrap_checked`, so that their calls are checked. Field checks after
+jaxtyping with `checker.wrap_checked`, so that their calls are checked; the metaclass records
+the option and the resolved field annotations in the class's `ModuleInfo`. Field checks after
 construction are `checker.check_fields`, which Module and `tree_at` import directly.
 """
 
@@ -17,7 +18,7 @@ from treemod._shapecheck.annotations import (
     contains_jaxtyping,
     function_annotations,
 )
-from treemod._shapecheck.checker import wrap_checked
+from treemod._shapecheck.checker import checked_call_state, wrap_checked
 
 # The only dunder method checked automatically. Not `__init__`: the fields it sets are checked
 # after construction anyway, and a layer's own argument validation ("Linear needs a PRNG key")
@@ -48,7 +49,7 @@ def _method_annotations(
         return None
     if name.startswith("__") and name not in _CHECKED_DUNDERS:
         return None
-    if getattr(fn, "__isabstractmethod__", False) or hasattr(fn, "__tm_shapecheck_state__"):
+    if getattr(fn, "__isabstractmethod__", False) or checked_call_state(fn) is not None:
         return None
     try:
         annotations = function_annotations(fn, globalns, localns)
@@ -59,14 +60,25 @@ def _method_annotations(
     return annotations if any(contains_jaxtyping(a) for a in annotations.values()) else None
 
 
-def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> None:
+def install_class_checks(
+    namespace: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[dict[str, bool | None], dict[str, Any]]:
     """Prepare a Module class body: read the `shapecheck=` class option, wrap annotated methods.
 
-    Called by the metaclass before the class is created; it edits `namespace` and `kwargs`
-    in place. String annotations (`from __future__ import annotations`) are resolved here,
-    where the names of the defining scope are visible; those that cannot be (forward
-    references) are resolved later with the module's globals.
+    Called by the metaclass before the class is created; it edits `namespace` (methods) and
+    `kwargs` (takes `shapecheck=` out) in place. String annotations (`from __future__ import
+    annotations`) are resolved here, where the names of the defining scope are visible; those
+    that cannot be (forward references) are resolved later with the module's globals.
+
+    Arguments:
+        namespace: the class body.
+        kwargs: the class statement's keywords.
+
+    Returns:
+        The class option (`{"shapecheck": value}`, or `{}` when not given) and the field
+        annotations resolved here, for the class's `ModuleInfo`.
     """
+    options: dict[str, bool | None] = {}
     if "shapecheck" in kwargs:
         option = kwargs.pop("shapecheck")
         if option not in (True, False, None):
@@ -75,7 +87,7 @@ def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> N
                 f"class {name}: the class option `shapecheck=` takes True (always check this "
                 f"class), False (never) or None (follow the global switch), not {option!r}."
             )
-        namespace["__tm_shapecheck__"] = option
+        options["shapecheck"] = option
     raw = namespace.get("__annotations__", {})
     strings = any(isinstance(a, str) for a in raw.values()) or any(
         isinstance(a, str)
@@ -92,8 +104,6 @@ def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> N
                 resolved[name] = eval(ann, globalns, localns)  # noqa: S307
             except Exception:
                 continue  # a forward reference: resolved at the first check
-    if resolved:
-        namespace["__tm_field_annotations__"] = resolved
     for name, value in list(namespace.items()):
         annotations = (
             _method_annotations(name, value, globalns or value.__globals__, localns)
@@ -102,3 +112,4 @@ def install_class_checks(namespace: dict[str, Any], kwargs: dict[str, Any]) -> N
         )
         if annotations is not None:
             namespace[name] = wrap_checked(value, annotations=annotations)
+    return options, resolved

@@ -8,7 +8,7 @@ import jax.tree_util as jtu
 
 from treemod._format.paths import function_name, render_path
 from treemod._tree.filters import IS_ARRAY_TYPE
-from treemod._tree.module_marker import static_field_names
+from treemod._tree.module_info import static_field_names
 
 
 def _hashable(x: Any) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 import jax.tree_util as jtu
 
 from treemod._shapecheck.checker import check_fields
-from treemod._tree.module_marker import check_descendants, is_module, static_field_names
+from treemod._tree.module_info import check_descendants, is_module, static_field_names
 
 _SENTINEL = object()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,9 @@ def _states(tree: Any) -> list[State]:
     return [x for x in jtu.tree_leaves(tree, is_leaf=is_state) if isinstance(x, State)]
 
 
-class Stack(Module):
+# `check_descendants=False`: the arrays below carry the extra layer axis, so `tree_at` does not
+# check the modules it rebuilds below a Stack against their (one-layer) annotations.
+class Stack(Module, check_descendants=False):
     """`num_layers` layers of identical structure, applied in sequence with one `lax.scan`.
 
     The layers' arrays are stacked on a new leading axis, so the scan body is traced and
@@ -61,10 +63,6 @@ class Stack(Module):
         >>> len(stack), stack[0].weight.shape
         (6, (8, 8))
     """
-
-    # The class-level hook `tree_at` consults: the arrays below carry the extra layer axis, so
-    # modules rebuilt below a Stack are not checked against their (one-layer) annotations.
-    __tm_check_descendants__: ClassVar[bool] = False
 
     layers: Any
     num_layers: int = field(static=True)

@@ -16,9 +16,10 @@ import jax.tree_util as jtu
 
 from treemod._module.bound_method import BoundMethod, bind_inherited_methods, bind_methods
 from treemod._module.module import Module as _Module
-from treemod._module.module import _ModuleMeta
+from treemod._module.module import ModuleMeta
 from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.wrapper import TransformedFunction
+from treemod._tree.module_info import module_info
 
 from ._pretty import tree_pformat
 from ._tree import tree_equal
@@ -28,10 +29,8 @@ __all__ = ["Module", "StrictConfig", "module_update_wrapper"]
 _REFUSED_STRINGS = ("AbstractVar[", "AbstractClassVar[")
 
 
-class _CompatMeta(_ModuleMeta):
-    # Attributes of the classes it makes: treemod's metaclass sets the first two.
-    __tm_abstract_vars__: frozenset[str]
-    __tm_abstract_class_vars__: frozenset[str]
+class _CompatMeta(ModuleMeta):
+    # An attribute of the classes it makes.
     __eqx_is_abstract__: bool
 
     def __new__(
@@ -55,13 +54,6 @@ class _CompatMeta(_ModuleMeta):
         cls: _CompatMeta = super().__new__(mcs, name, bases, namespace, **kwargs)
         cls.__eqx_is_abstract__ = is_abstract
         bind_inherited_methods(cls)  # a mixin's methods too, as Equinox's `__getattribute__`
-        # As in Equinox, an annotation without a value (`x: ClassVar[bool]`) provides a base's
-        # AbstractClassVar; treemod.Module waits for a value.
-        declared = cls.__tm_abstract_class_vars__.intersection(
-            namespace.get("__annotations__", {})  # the abstract ones were removed
-        )
-        if cls.__tm_abstract_vars__ & declared:
-            cls.__tm_abstract_vars__ = cls.__tm_abstract_vars__ - declared
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -76,12 +68,14 @@ class _CompatMeta(_ModuleMeta):
     @property
     def __abstractvars__(cls) -> frozenset[str]:
         """Equinox's name: the `AbstractVar`s this class leaves unprovided."""
-        return frozenset(cls.__tm_abstract_vars__ - cls.__tm_abstract_class_vars__)
+        info = module_info(cls)
+        return frozenset(info.abstract_vars - info.abstract_class_vars)
 
     @property
     def __abstractclassvars__(cls) -> frozenset[str]:
         """Equinox's name: the `AbstractClassVar`s this class leaves unprovided."""
-        return frozenset(cls.__tm_abstract_vars__ & cls.__tm_abstract_class_vars__)
+        info = module_info(cls)
+        return frozenset(info.abstract_vars & info.abstract_class_vars)
 
     def __instancecheck__(cls, instance: Any) -> bool:
         if cls is Module:  # every treemod module, and what Equinox makes modules: bound
@@ -99,7 +93,9 @@ class _CompatMeta(_ModuleMeta):
         return super().__subclasscheck__(subclass)
 
 
-class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
+# `strict_abstract_class_vars=False`: Equinox's rule, a field or an annotation without a value
+# (`x: ClassVar[bool]`) provides a base's AbstractClassVar.
+class Module(_Module, metaclass=_CompatMeta, shapecheck=False, strict_abstract_class_vars=False):
     """`treemod.Module` for Equinox code: subclasses skip shape checks unless they opt in.
 
     As in Equinox, a field may provide a base's `AbstractClassVar`, and stringified abstract
@@ -124,7 +120,6 @@ class Module(_Module, metaclass=_CompatMeta, shapecheck=False):
         True
     """
 
-    __tm_strict_class_vars__: ClassVar[bool] = False
     __eqx_is_abstract__: ClassVar[bool] = False
 
     def __eq__(self, other: object) -> Any:  # Equinox's result types (a JAX scalar for arrays)

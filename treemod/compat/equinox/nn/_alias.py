@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from treemod._module.module import _ModuleMeta
+from treemod._module.module import ModuleMeta
 
 __all__ = ["CompatLayerMeta"]
 
 
-class CompatLayerMeta(_ModuleMeta):
+class CompatLayerMeta(ModuleMeta):
     """Metaclass of compat layers: instances of `_treemod_layer` count as instances."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,9 @@ __all__ = ["MLP"]
 _per_neuron = filter_vmap(lambda act, x: act(x), in_axes=(if_array(0), -1), out_axes=-1)
 
 
-class MLP(_MLP):
+# `check_descendants=False`: with scan=True the hidden Linear's arrays carry a leading layer
+# axis, so `tree_at` does not check modules rebuilt below an MLP against their annotations.
+class MLP(_MLP, check_descendants=False):
     """Equinox's `nn.MLP`: `depth` hidden `Linear` layers of `width_size`, then an output layer.
 
     The same key splits and initialisation as Equinox (and `treemod.nn.MLP`). With
@@ -58,10 +60,6 @@ class MLP(_MLP):
         >>> mlp(jnp.ones(2)).shape
         (3,)
     """
-
-    # With scan=True the hidden Linear's arrays carry a leading layer axis: `tree_at` does not
-    # check modules rebuilt below an MLP against their one-layer annotations.
-    __tm_check_descendants__: ClassVar[bool] = False
 
     # Pytree nodes, as in Equinox: one copy of the activation per neuron (see the docstring).
     activation: Callable[..., Any]
