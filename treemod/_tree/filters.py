@@ -13,6 +13,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 __all__ = [
+    "FilterSpecError",
     "is_array",
     "is_array_like",
     "is_inexact_array",
@@ -157,10 +158,9 @@ def is_array_like(element: Any) -> bool:
     )
 
 
-class _FilterSpecError(TypeError, ValueError):
-    """A filter_spec leaf that is neither a bool nor a predicate: a `TypeError`, and the
-    `ValueError` Equinox raises there (one error under both names, like `io.UnsupportedOperation`).
-    """
+class FilterSpecError(TypeError):
+    """A filter_spec leaf that is neither a bool nor a predicate (raised by `filter` and
+    `partition`)."""
 
 
 def _with_predicate_leaves(
@@ -189,18 +189,18 @@ def _spec_mask(tree: Any, filter_spec: Any, is_leaf: Callable[[Any], bool] | Non
             stop = _with_predicate_leaves(is_leaf, spec)
             return jtu.tree_map(lambda x: bool(spec(x)), subtree, is_leaf=stop)
         if isinstance(spec, jax.core.Tracer):
-            raise _FilterSpecError(
+            raise FilterSpecError(
                 "filter_spec leaves must be bools or predicates; got a traced array. A filter "
                 "decides the tree's structure, so it cannot depend on traced values: use Python "
                 "bools (or compute the spec outside the transform)."
             )
-        raise _FilterSpecError(
+        raise FilterSpecError(
             f"filter_spec leaves must be bools or predicates; got {type(spec).__name__}: {spec!r}"
         )
 
     try:
         return jtu.tree_map(expand, filter_spec, tree)
-    except _FilterSpecError:
+    except FilterSpecError:
         raise
     except ValueError as e:
         raise ValueError(f"filter_spec must be a prefix of the tree being filtered: {e}") from None

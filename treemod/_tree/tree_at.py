@@ -77,19 +77,16 @@ class _LeafUsed(AttributeError):
         self.path, self.what = path, what
 
 
-class _WhereComputedError(TypeError, AttributeError):
-    """`where` computed with a leaf: a `TypeError`, and the `AttributeError` Equinox raises there.
-
-    (Like `io.UnsupportedOperation`, one error under both names that code may catch.)
-    """
+class WhereComputedError(TypeError):
+    """`where` computed with a leaf of the tree instead of selecting nodes."""
 
 
-class _NotANodeError(ValueError, TypeError):
-    """`where` returned something that is not a node: a `ValueError`, and Equinox's `TypeError`."""
+class NotANodeError(ValueError):
+    """`where` returned something that is not a node of the tree (a static field, a constant)."""
 
 
 def _computing(what: str) -> TypeError:
-    return _WhereComputedError(
+    return WhereComputedError(
         f"tree_at: `where` {what}. `where` must return nodes of the tree, reached by attribute "
         "and index access (e.g. `lambda m: m.weight`), without computing with them "
         "(`.T`, arithmetic, method calls). Select the node and compute the new value in "
@@ -192,11 +189,11 @@ def tree_at(
         if id(node) not in positions:
             owner = statics.get(id(node))
             if owner is not None:
-                raise _NotANodeError(
+                raise NotANodeError(
                     f"tree_at: `where` selected {owner}, a static field. Static fields are part "
                     "of the tree structure, not nodes; build a new module instead."
                 )
-            raise _NotANodeError(
+            raise NotANodeError(
                 "tree_at: `where` returned something that is not a node of the tree "
                 f"({type(node).__name__}). Return nodes reached by attribute or index access "
                 "from the argument, e.g. `lambda m: m.layer.weight`."

@@ -23,7 +23,6 @@ from treemod import (
     enable_compile_cache,
     error_if,
     field,
-    filter,
     filter_checkpoint,
     filter_closure_convert,
     filter_custom_jvp,
@@ -47,7 +46,6 @@ from treemod import (
     is_state,
     load,
     load_compiled,
-    partition,
     save,
     save_compiled,
     set_shape_checks,
@@ -65,7 +63,14 @@ from . import debug as debug
 from . import nn as nn
 from ._errors import EquinoxRuntimeError, EquinoxTracetimeError, RuntimeCheckError
 from ._field import static_field
-from ._filters import is_array, is_array_like, is_inexact_array, is_inexact_array_like
+from ._filters import (
+    filter,
+    is_array,
+    is_array_like,
+    is_inexact_array,
+    is_inexact_array_like,
+    partition,
+)
 from ._module import Module, StrictConfig, module_update_wrapper
 from ._pretty import tree_pformat, tree_pprint
 from ._serialisation import (

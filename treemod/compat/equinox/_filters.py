@@ -1,20 +1,99 @@
-"""Equinox's leaf predicates, for the compat namespace.
+"""Equinox's leaf predicates, and `filter`/`partition` with Equinox's error type.
 
 treemod's `is_array` family counts a `jax.ShapeDtypeStruct` as the array it stands for, so
 filters work the same on a `jax.eval_shape` skeleton. Equinox's predicates count only real
 arrays (JAX, NumPy, tracers), and code written for Equinox may rely on that (to tell an
 abstract leaf from a concrete one), so the compat namespace's predicates are Equinox's.
+`filter` and `partition` are treemod's; a `filter_spec` leaf that is neither a bool nor a
+predicate raises an error that is also Equinox's `ValueError`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 
-from treemod._tree.filters import IS_ARRAY_TYPE
+import treemod
+from treemod._compat_api import IS_ARRAY_TYPE, FilterSpecError
 
-__all__ = ["is_array", "is_array_like", "is_inexact_array", "is_inexact_array_like"]
+from ._errors import EquinoxFilterSpecError
+
+__all__ = [
+    "filter",
+    "is_array",
+    "is_array_like",
+    "is_inexact_array",
+    "is_inexact_array_like",
+    "partition",
+]
+
+
+def filter(  # noqa: A001 (Equinox's name)
+    pytree: Any,
+    filter_spec: Any,
+    inverse: bool = False,
+    replace: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """`treemod.filter`, with Equinox's error type for a bad `filter_spec`.
+
+    Arguments:
+        pytree: any pytree.
+        filter_spec: a predicate, a bool, or a prefix of `pytree` with them at its leaves.
+        inverse: keep the leaves that are *not* selected instead.
+        replace: what unselected leaves become.
+        is_leaf: as in `jax.tree_util`.
+
+    Returns:
+        A pytree of the same structure as `pytree`.
+
+    Raises:
+        ValueError: a `filter_spec` leaf is neither a bool nor a predicate (as Equinox raises;
+            the error is also treemod's `TypeError`).
+
+    Example:
+        >>> import treemod.compat.equinox as eqx
+        >>> try:
+        ...     eqx.filter([1, 2], "a")
+        ... except ValueError as e:
+        ...     print(str(e)[:47])
+        filter_spec leaves must be bools or predicates;
+    """
+    try:
+        return treemod.filter(pytree, filter_spec, inverse, replace, is_leaf)
+    except FilterSpecError as e:
+        raise EquinoxFilterSpecError(*e.args).with_traceback(e.__traceback__) from None
+
+
+def partition(
+    pytree: Any,
+    filter_spec: Any,
+    replace: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> tuple[Any, Any]:
+    """`treemod.partition`, with Equinox's error type for a bad `filter_spec` (see `filter`).
+
+    Arguments:
+        pytree: any pytree.
+        filter_spec: as in `filter`.
+        replace: the placeholder left in each half.
+        is_leaf: as in `jax.tree_util`.
+
+    Returns:
+        `(selected, rest)`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import treemod.compat.equinox as eqx
+        >>> eqx.partition([jnp.ones(2), "relu"], eqx.is_array)[1]
+        [None, 'relu']
+    """
+    try:
+        return treemod.partition(pytree, filter_spec, replace, is_leaf)
+    except FilterSpecError as e:
+        raise EquinoxFilterSpecError(*e.args).with_traceback(e.__traceback__) from None
 
 
 def is_array(element: Any) -> bool:

@@ -21,9 +21,12 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from treemod._compat_api import NotANodeError, WhereComputedError
 from treemod._shapecheck.config import shape_checks
 from treemod._tree.tree_at import tree_at as _tree_at
 from treemod._tree.tree_equal import compare_trees
+
+from ._errors import EquinoxNotANodeError, EquinoxWhereComputedError
 
 __all__ = ["tree_at", "tree_equal"]
 
@@ -88,10 +91,18 @@ def tree_at(
     """
     _refuse_repeated_nodes(where, pytree, is_leaf)
     given = {"replace": replace, "replace_fn": replace_fn}
-    with shape_checks(False):
-        return _tree_at(
-            where, pytree, is_leaf=is_leaf, **{k: v for k, v in given.items() if v is not _UNSET}
-        )
+    try:
+        with shape_checks(False):
+            return _tree_at(
+                where,
+                pytree,
+                is_leaf=is_leaf,
+                **{k: v for k, v in given.items() if v is not _UNSET},
+            )
+    except WhereComputedError as e:  # Equinox's types for these (theirs and treemod's)
+        raise EquinoxWhereComputedError(*e.args).with_traceback(e.__traceback__) from None
+    except NotANodeError as e:
+        raise EquinoxNotANodeError(*e.args).with_traceback(e.__traceback__) from None
 
 
 def _none_places(pytree: Any, is_leaf: Callable[[Any], bool] | None) -> list[str]:
