@@ -58,7 +58,8 @@ from treemod._transforms.shard import filter_shard
 from treemod._transforms.pmap import filter_pmap
 from treemod._transforms.closure_convert import filter_closure_convert
 from treemod._transforms.caches import clear_caches
-from treemod._transforms.vmap import filter_vmap, if_array
+from treemod._transforms.axis_specs import if_array
+from treemod._transforms.vmap import filter_vmap
 
 # Shape checks. `ShapeCheckError` is made at its first lookup (it subclasses jaxtyping's error,
 # and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.

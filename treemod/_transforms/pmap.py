@@ -10,16 +10,16 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from treemod._format.paths import function_name
+from treemod._transforms.axis_specs import (
+    argument_paths,
+    expand_axes,
+    if_array,
+    is_axis_spec,
+    mapped_size_error,
+    named_axes,
+)
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._transforms.unhashable import unhashable_error
-from treemod._transforms.vmap import (
-    _argument_paths,
-    _expand_axes,
-    _is_spec,
-    _mapped_size_error,
-    _named_axes,
-    if_array,
-)
 from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE
 
@@ -56,9 +56,9 @@ class _PmapWrapper(TransformedFunction[P, R]):
         name, in_axes = self._name, self._in_axes
         args_root, kwargs_root = (jtu.SequenceKey(1),), (jtu.SequenceKey(2),)
         if isinstance(in_axes, dict):
-            return _named_axes(self._fun, in_axes, args, kwargs, name, _PMAP)
-        if _is_spec(in_axes):
-            return _expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + _expand_axes(
+            return named_axes(self._fun, in_axes, args, kwargs, name, _PMAP)
+        if is_axis_spec(in_axes):
+            return expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + expand_axes(
                 in_axes, kwargs, "in_axes", name, kwargs_root, _PMAP
             )
         if not isinstance(in_axes, tuple) or len(in_axes) != len(args):
@@ -67,7 +67,7 @@ class _PmapWrapper(TransformedFunction[P, R]):
                 f"or a tuple with one entry per positional argument ({len(args)} given); got "
                 f"{in_axes!r}."
             )
-        return _expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + _expand_axes(
+        return expand_axes(in_axes, args, "in_axes", name, args_root, _PMAP) + expand_axes(
             if_array(0), kwargs, "in_axes", name, kwargs_root, _PMAP
         )
 
@@ -86,7 +86,7 @@ class _PmapWrapper(TransformedFunction[P, R]):
             args, kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
             out = fun(*args, **kwargs)
             leaves, out_def = jtu.tree_flatten(out)
-            out_ax = _expand_axes(out_axes, out, "out_axes", name, (), _PMAP)
+            out_ax = expand_axes(out_axes, out, "out_axes", name, (), _PMAP)
             # A Python number given an axis becomes an array repeated along it (as in vmap).
             leaves = [
                 jnp.asarray(x) if a is not None else x for x, a in zip(leaves, out_ax, strict=True)
@@ -156,9 +156,7 @@ class _PmapWrapper(TransformedFunction[P, R]):
         mapped = [(x, a) for x, a in zip(leaves, axes, strict=True) if a is not None]
         mask = tuple(a is not None for a in axes)
         tree = (args, kwargs)
-        error = _mapped_size_error(
-            _PMAP, self._fun, self._name, tree, mask, mapped, self._axis_size
-        )
+        error = mapped_size_error(_PMAP, self._fun, self._name, tree, mask, mapped, self._axis_size)
         if error is not None or not mapped:
             return error
         size = jnp.shape(mapped[0][0])[mapped[0][1]]
@@ -167,7 +165,7 @@ class _PmapWrapper(TransformedFunction[P, R]):
         )
         if size <= len(devices):
             return None
-        where = _argument_paths(self._fun, tree, mask)[0]
+        where = argument_paths(self._fun, tree, mask)[0]
         return ValueError(
             f"filter_pmap({self._name}): the mapped axes have size {size} (axis "
             f"{mapped[0][1]} of {where}, of shape {jnp.shape(mapped[0][0])}), but only "

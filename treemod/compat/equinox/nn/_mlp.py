@@ -11,7 +11,8 @@ import jax.tree_util as jtu
 from jax import lax
 
 from treemod._module.module import field
-from treemod._transforms.vmap import filter_vmap, if_array
+from treemod._transforms.axis_specs import if_array
+from treemod._transforms.vmap import filter_vmap
 from treemod._tree.filters import is_array
 from treemod.nn._linear import Linear
 from treemod.nn._mlp import MLP as _MLP
