@@ -23,12 +23,13 @@ import jax.tree_util as jtu
 
 from treemod._format.describe import describe_value
 from treemod._module.module import Module, field
+from treemod._private_apis import opaque_trace_state as _current_trace
 from treemod._tree.filters import is_inexact_array
 
 __all__ = ["State", "is_state", "is_param", "stateful", "update_state"]
 
 
-class State(Module, holds_state=True):
+class State(Module):
     """A box for an array that a layer updates while it runs, rather than one trained by gradients.
 
     Layers keep running statistics, counters or moving averages as `State` fields. `State`
@@ -85,16 +86,8 @@ def is_param(element: Any) -> bool:
 
 
 is_param.is_leaf = is_state  # type: ignore[attr-defined]
-
-
-def _current_trace() -> Any:
-    """An opaque token for the JAX trace now running (`None` if this JAX cannot say)."""
-    try:
-        from jax._src import core
-
-        return core.get_opaque_trace_state(convention="treemod")
-    except Exception:  # pragma: no cover - private API moved: skip the nested-transform check
-        return None
+# The marker by which code below this layer (tree_summary) tells State nodes apart.
+State.__tm_state__ = True  # type: ignore[attr-defined]
 
 
 class _Frame:

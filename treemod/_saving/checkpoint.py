@@ -117,8 +117,7 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
     and `safetensors.torch`); see the concepts page "Saving and loading".
 
     Arguments:
-        path_or_file: a path, or a binary file or stream opened for writing (not atomic;
-            append mode and compressing writers such as `gzip.open` work).
+        path_or_file: a path, or a binary file opened for writing (seekable; not atomic).
         tree: any pytree of arrays, modules and simple Python values.
 
     Example:
@@ -189,9 +188,9 @@ def _to_like(host: Any, leaf: Any) -> Any:
     if is_key(leaf):
         return out
     if getattr(leaf, "weak_type", False):
-        from jax._src.lax.lax import _convert_element_type
+        from treemod._private_apis import convert_element_type
 
-        out = _convert_element_type(out, weak_type=True)
+        out = convert_element_type(out, weak_type=True)
     return out
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jaxtyping._storage import get_shape_memo
 
+from treemod._private_apis import get_shape_memo
 from treemod._shapecheck.annotations import is_array_annotation
 from treemod._tree.filters import IS_ARRAY_TYPE
 

@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo
-
 __all__ = ["set_shape_checks", "shape_checks", "shape_checks_enabled"]
 
 ENV_ENABLED = "TREEMOD_SHAPE_CHECKS"
@@ -73,26 +71,25 @@ def _env_checker() -> str:
     return raw
 
 
-# The global setting, [enabled, checker]; a context (shape_checks, @shapecheck) overrides it
-# with `OVERRIDE` (set and reset by `shape_checks` and by the engine around forced calls).
+# The global setting, [enabled, checker]; a context (shape_checks, @shapecheck) overrides it.
 _GLOBAL: list[Any] = [_env_enabled(), _env_checker()]
-OVERRIDE: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar(
+_OVERRIDE: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar(
     "treemod_shape_checks", default=None
 )
 
 
 def current() -> tuple[bool, str]:
     """The setting in force here: `(enabled, checker)`."""
-    override = OVERRIDE.get()
+    override = _OVERRIDE.get()
     return (_GLOBAL[0], _GLOBAL[1]) if override is None else override
 
 
 def enabled_for(cls: type | None) -> bool:
     """Whether a class's fields and methods are checked: its `shapecheck=` option wins."""
-    info: ModuleInfo | None = getattr(cls, INFO_ATTRIBUTE, None)  # `module_info`, inlined
-    if info is not None and info.shapecheck is not None:
-        return info.shapecheck
-    override = OVERRIDE.get()
+    option = getattr(cls, "__tm_shapecheck__", None)
+    if option is not None:
+        return bool(option)
+    override = _OVERRIDE.get()
     return bool(_GLOBAL[0] if override is None else override[0])
 
 
@@ -174,11 +171,11 @@ def shape_checks(enabled: bool = True, checker: str | None = None) -> Iterator[N
     chosen = current()[1] if checker is None else _validate_checker(checker)
     if enabled:
         ensure_checker(chosen)
-    token = OVERRIDE.set((enabled, chosen))
+    token = _OVERRIDE.set((enabled, chosen))
     try:
         yield
     finally:
-        OVERRIDE.reset(token)
+        _OVERRIDE.reset(token)
 
 
 # ----------------------------------------------------------------------------------------
@@ -229,7 +226,8 @@ def _probe(check: Callable[[str, Any, Any], str]) -> bool:
     """A known-good value passes and a known-bad one (mismatched dims in a tuple) is caught."""
     # Imported here, not at import treemod (see README.md, "Loading jaxtyping when needed").
     from jaxtyping import Float
-    from jaxtyping._storage import pop_shape_memo, push_shape_memo
+
+    from treemod._private_apis import pop_shape_memo, push_shape_memo
 
     annotation = tuple[Float[np.ndarray, "n"], Float[np.ndarray, "n"]]  # noqa: F821
     good = (np.zeros(2, np.float32), np.zeros(2, np.float32))

@@ -8,13 +8,13 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-# jax.extend.core's names, imported from where they live: `jax.extend` imports every one of its
-# submodules (Pallas among them), a quarter of `import treemod`'s time.
-from jax._src.core import ClosedJaxpr, jaxpr_as_fun
-
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
 from treemod._module.module import Module, field
+
+# jax.extend.core's names, imported from where they live: `jax.extend` imports every one of its
+# submodules (Pallas among them), a quarter of `import treemod`'s time.
+from treemod._private_apis import ClosedJaxpr, jaxpr_as_fun
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._tree.filters import IS_ARRAY_TYPE
 

@@ -7,6 +7,8 @@ import pathlib
 
 import jax
 
+from treemod._private_apis import reset_compilation_cache
+
 __all__ = ["enable_compile_cache"]
 
 
@@ -47,10 +49,5 @@ def enable_compile_cache(
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", int(min_entry_size_bytes))
-    try:  # pick up the new directory even if something was compiled already
-        from jax._src import compilation_cache
-
-        compilation_cache.reset_cache()
-    except (ImportError, AttributeError):  # pragma: no cover - older or newer JAX
-        pass
+    reset_compilation_cache()  # pick up the new directory even if something was compiled already
     return directory

@@ -14,12 +14,9 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-# jax.extend.core's find_top_trace, imported from where it lives: `jax.extend` imports every one
-# of its submodules (Pallas among them), a quarter of `import treemod`'s time.
-from jax._src.core import find_top_trace
-
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
+from treemod._private_apis import find_top_trace
 from treemod._transforms.leaves import Split, merge_leaves, split_leaves, split_tree
 from treemod._tree.filters import (
     IS_ARRAY_TYPE,

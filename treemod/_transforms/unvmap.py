@@ -11,11 +11,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-# jax.extend.core's Primitive, imported from where it lives: `jax.extend` imports every one of
-# its submodules (Pallas among them), a quarter of `import treemod`'s time.
-from jax._src.core import Primitive
 from jax.interpreters import batching, mlir
+
+from treemod._private_apis import Primitive
 
 __all__ = ["unvmap_any"]
 

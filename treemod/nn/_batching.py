@@ -19,16 +19,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+# Whether no transform is tracing: eager layer calls take one compiled program.
+from treemod._private_apis import trace_state_clean as _eager
 from treemod._transforms.jit import filter_jit
 from treemod._tree.filters import IS_ARRAY_TYPE
-
-try:  # whether no transform is tracing: eager layer calls take one compiled program
-    from jax._src.core import trace_state_clean as _eager
-except ImportError:  # pragma: no cover - a JAX without it keeps the nested path
-
-    def _eager() -> bool:
-        return False
-
 
 __all__ = ["Core", "batch_apply", "describe_shape"]
 

@@ -1,0 +1,119 @@
+"""Every private JAX and jaxtyping API that treemod uses, in one place (layer 1).
+
+A private name can move or change in any release of its library, so no other file of treemod
+imports from `jax._src` or `jaxtyping._storage`: they import from here. Each name says what it
+is, why treemod needs it (what the public API lacks) and since which version it exists where
+it is imported from (read in JAX's and jaxtyping's release tags; treemod requires `jax>=0.6` and
+`jaxtyping>=0.2.36`, so all are present in every supported version, and were checked up to
+jax 0.10.2 and jaxtyping 0.3.11). `tests/project/test_private_apis.py` checks each against the
+installed libraries, so an upgrade that moves one fails there, naming it.
+
+Importing this module costs nothing beyond `import jax`: the `jax._src` modules are loaded by
+JAX itself, and jaxtyping's names are looked up at their first use (`__getattr__` below), as
+`import treemod` does not import jaxtyping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax  # noqa: F401  (loads the jax._src modules below)
+
+# `Primitive`, `ClosedJaxpr`, `jaxpr_as_fun`, `find_top_trace` (jax._src.core, there since JAX
+# 0.4.2). `jax.extend.core` re-exports the first three, but importing `jax.extend` imports every
+# one of its submodules (tens of milliseconds at `import treemod`).
+# - `Primitive`: `unvmap_any`'s primitive (`_transforms/unvmap.py`), batched by hand.
+# - `ClosedJaxpr`, `jaxpr_as_fun`: run a stored jaxpr with its constants
+#   (`filter_closure_convert`).
+# - `find_top_trace`: the innermost trace of the primals, so `filter_jvp` can tell its own
+#   tracers from an enclosing transform's (no public equivalent).
+from jax._src.core import ClosedJaxpr, Primitive, find_top_trace, jaxpr_as_fun
+
+# `_convert_element_type(x, weak_type=True)` (jax._src.lax.lax, there before JAX 0.4.1): make an
+# array weakly typed again. `load` restores a saved weakly typed scalar with it; the public
+# `lax.convert_element_type` always returns a strongly typed array.
+from jax._src.lax.lax import _convert_element_type as convert_element_type
+
+if TYPE_CHECKING:
+    # Shape memos of jaxtyping's checks (jaxtyping._storage, there since jaxtyping 0.2.24): the
+    # dimension bindings of the check running now. treemod's checker pushes one per checked
+    # call and reads it to name the dimension that disagreed; jaxtyping has no public API for it.
+    from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
+
+__all__ = [
+    "DEBUG_CALLBACK_LOGGER",
+    "ClosedJaxpr",
+    "Primitive",
+    "convert_element_type",
+    "find_top_trace",
+    "get_shape_memo",
+    "jaxpr_as_fun",
+    "opaque_trace_state",
+    "pop_shape_memo",
+    "push_shape_memo",
+    "reset_compilation_cache",
+    "trace_state_clean",
+]
+
+# The logger of the module that runs `jax.debug.callback`'s callbacks (jax._src.debugging; it
+# logs "jax.debug.callback failed" with the exception since JAX 0.4.27). `error_if` filters out
+# the record of its own failing checks, whose error is raised to the caller anyway.
+DEBUG_CALLBACK_LOGGER = "jax._src.debugging"
+
+# `trace_state_clean()` (jax._src.core, there since JAX 0.4.2): whether no transform is tracing.
+# An eager layer call then runs one compiled program instead of op by op (`nn/_batching.py`);
+# the public API has no cheap test for "not under any trace". Without it, the nested path.
+try:
+    from jax._src.core import trace_state_clean
+except ImportError:  # pragma: no cover - a JAX that moved it
+
+    def trace_state_clean() -> bool:
+        return False
+
+
+# `get_opaque_trace_state` (jax._src.core, since JAX 0.4.34): see `opaque_trace_state`.
+try:
+    from jax._src.core import get_opaque_trace_state as _get_opaque_trace_state
+except ImportError:  # pragma: no cover - a JAX that moved it
+    _get_opaque_trace_state = None  # type: ignore[assignment]
+
+
+def opaque_trace_state() -> Any:
+    """An opaque token for the JAX trace now running (`None` if this JAX cannot say).
+
+    `stateful` compares tokens to refuse a state update recorded under one transform and read
+    under another; the public API has no token for "the trace now running".
+    """
+    if _get_opaque_trace_state is None:  # pragma: no cover
+        return None
+    try:
+        return _get_opaque_trace_state(convention="treemod")
+    except Exception:  # pragma: no cover - changed: the nested-transform check is skipped
+        return None
+
+
+def reset_compilation_cache() -> None:
+    """Make JAX's persistent compilation cache re-read its directory setting.
+
+    `jax._src.compilation_cache.reset_cache` (since JAX 0.4.9): `enable_compile_cache` calls
+    it so that a new directory takes effect even after something was compiled; setting the
+    config options alone does not re-open the cache. A JAX without it keeps the old one.
+    """
+    try:
+        from jax._src import compilation_cache
+
+        compilation_cache.reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - older or newer JAX
+        pass
+
+
+_JAXTYPING = {"get_shape_memo", "pop_shape_memo", "push_shape_memo"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _JAXTYPING:
+        from jaxtyping import _storage
+
+        value = globals()[name] = getattr(_storage, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
