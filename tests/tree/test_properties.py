@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +89,27 @@ def _is_none(x: object) -> bool:
     return x is None
 
 
+class _Was:
+    """A replacement that is a leaf (not a pytree), remembering the value it replaced."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _at(tree: Any, path: tuple[Any, ...]) -> Any:
+    """The node of `tree` at a `jax.tree_util` key path, reached by indexing and attributes."""
+    for key in path:
+        if isinstance(key, jtu.GetAttrKey):
+            tree = getattr(tree, key.name)
+        elif isinstance(key, jtu.DictKey):
+            tree = tree[key.key]
+        elif isinstance(key, jtu.SequenceKey):
+            tree = tree[key.idx]
+        else:
+            raise TypeError(f"unexpected key {key!r}")
+    return tree
+
+
 def _slots(tree: Any) -> list[Any]:
     """Leaves with `None` counted as a leaf: one entry per position that tree_at can select."""
     return jtu.tree_leaves(tree, is_leaf=_is_none)
@@ -139,11 +161,15 @@ def test_tree_at_laws(tree: Any, data: st.DataObject) -> None:
     slots = _slots(tree)
     if not slots:
         return
+    paths = [p for p, _ in jtu.tree_flatten_with_path(tree, is_leaf=_is_none)[0]]
     idxs = data.draw(st.lists(st.integers(0, len(slots) - 1), min_size=1, max_size=3, unique=True))
     values = [f"new{i}" for i in idxs]
 
     def where(t: Any) -> list[Any]:
-        marked = jtu.tree_leaves(t)  # inside tree_at every position (None too) is a marker
+        # Inside tree_at every position is a marker; a `None` is an empty subtree, as outside,
+        # so it is reached by its path (here: the same path in the marked tree) and never
+        # collected as a leaf.
+        marked = [_at(t, p) for p in paths]
         return [marked[i] for i in idxs]
 
     new = tm.tree_at(where, tree, values)
@@ -154,10 +180,19 @@ def test_tree_at_laws(tree: Any, data: st.DataObject) -> None:
             assert now == values[idxs.index(j)]
         else:
             assert now is old  # untouched leaves keep their identity
-    # setting one position twice: the last value wins
+    # setting one position twice: one value is fine, two different ones are refused
     i = idxs[0]
-    twice = tm.tree_at(lambda t: [jtu.tree_leaves(t)[i]] * 2, tree, ["first", "last"])
-    assert _slots(twice)[i] == "last"
+    twice = tm.tree_at(lambda t: [_at(t, paths[i])] * 2, tree, ["same"] * 2)
+    assert _slots(twice)[i] == "same"
+    with pytest.raises(ValueError, match="twice"):
+        tm.tree_at(lambda t: [_at(t, paths[i])] * 2, tree, ["first", "last"])
+    # collecting leaves never selects a None (an empty subtree, as in Equinox)
+    leaves_only = tm.tree_at(lambda t: jtu.tree_leaves(t), tree, replace_fn=_Was)
+    for old, now in zip(slots, _slots(leaves_only), strict=True):
+        if old is None:
+            assert now is None
+        else:
+            assert isinstance(now, _Was) and now.value is old
     # replace_fn with the identity changes nothing
     same = tm.tree_at(where, tree, replace_fn=lambda x: x)
     assert tm.tree_equal(same, tree) is True

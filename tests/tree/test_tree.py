@@ -89,9 +89,40 @@ def test_tree_at_with_is_leaf() -> None:
     assert out == {"a": 3, "b": 3}
 
 
-def test_tree_at_same_node_twice_last_value_wins() -> None:
-    tree = [1, 2]
-    assert tm.tree_at(lambda t: (t[0], t[0]), tree, ("first", "last")) == ["last", 2]
+def test_tree_at_same_node_twice_needs_one_replacement() -> None:
+    class Layer(tm.Module):
+        w1: jax.Array
+        w2: jax.Array
+
+    layer = Layer(jnp.ones(2), jnp.ones(3))
+    a, b = jnp.zeros(2), jnp.full(2, 5.0)
+    with pytest.raises(ValueError, match=r"selected \.w1 twice \(items 0 and 1\)"):
+        tm.tree_at(lambda m: (m.w1, m.w1), layer, (a, b))
+    assert tm.tree_at(lambda m: (m.w1, m.w1), layer, (b, b)).w1 is b
+    # replace_fn is applied once to a node selected twice
+    calls = []
+    tm.tree_at(lambda m: [m.w2, m.w2], layer, replace_fn=lambda x: calls.append(x) or x)
+    assert len(calls) == 1
+
+
+def test_collecting_leaves_never_selects_none() -> None:
+    """As in Equinox: a `None` is an empty subtree, not a leaf (a filtered gradient's fields)."""
+    import equinox as eqx
+
+    updates = {"initial": {"a": jnp.ones(2), "b": None, "c": (jnp.zeros(1), None)}, "x": None}
+
+    def where(u):
+        return jax.tree_util.tree_leaves(u["initial"])
+
+    ours = tm.tree_at(where, updates, replace_fn=lambda x: x * 10)
+    theirs = eqx.tree_at(where, updates, replace_fn=lambda x: x * 10)
+    assert jax.tree_util.tree_structure(ours) == jax.tree_util.tree_structure(theirs)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs), strict=True
+    ):
+        np.testing.assert_array_equal(x, y)
+    # A None is still selected by its path.
+    assert tm.tree_at(lambda u: u["x"], updates, 5)["x"] == 5
 
 
 def test_tree_at_error_not_in_tree() -> None:

@@ -33,6 +33,17 @@ class _Marker:
         return True
 
 
+class _EmptyMarker(_Marker):
+    """The stand-in for an empty subtree (`None`, `()`): a pytree node without children, so
+    collecting leaves (`jax.tree_util.tree_leaves(m)`) never picks it, as it never picks
+    `None`, while `where` can still select it by attribute or index (`lambda m: m.bias`)."""
+
+    __slots__ = ()
+
+
+jtu.register_pytree_node(_EmptyMarker, lambda m: ((), m.path), lambda path, _: _EmptyMarker(path))
+
+
 def _operator(symbol: str) -> Callable[..., Any]:
     def use(self: _Marker, *_: Any) -> Any:
         raise _LeafUsed(self.path, symbol)
@@ -156,12 +167,10 @@ def tree_at(
             marked: Any = _Marker(path)
         else:
             keys, children, treedef = _one_level_keys(node)
-            if (
-                node is None
-                or (treedef.num_nodes == 1 and treedef.num_leaves == 1)
-                or (type(node) is tuple and not node)  # `()` is a singleton: no unique id
-            ):
+            if treedef.num_nodes == 1 and treedef.num_leaves == 1:
                 marked = _Marker(path)
+            elif node is None or (type(node) is tuple and not node):  # `()`: no unique id
+                marked = _EmptyMarker(path)
             else:
                 statics.update(_static_owner(node))
                 pairs = enumerate(zip(keys, children, strict=True))
@@ -219,6 +228,15 @@ def tree_at(
 
     chosen: dict[tuple[int, ...], int] = {}
     for i, t in enumerate(targets):
+        if t in chosen:
+            # The same node twice: harmless with one replacement, ambiguous with two.
+            j = chosen[t]
+            if new_values is not None and new_values[i] is not new_values[j]:
+                raise ValueError(
+                    f"tree_at: `where` selected {paths[t] or 'the whole tree'} twice (items "
+                    f"{j} and {i}) with two different replacements. Select each node once."
+                )
+            continue
         for other in chosen:
             if t != other and (t[: len(other)] == other or other[: len(t)] == t):
                 outer, inner = (other, t) if len(other) < len(t) else (t, other)
