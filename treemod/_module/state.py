@@ -29,7 +29,7 @@ from treemod._tree.filters import is_inexact_array
 __all__ = ["State", "is_state", "is_param", "stateful", "update_state"]
 
 
-class State(Module):
+class State(Module, holds_state=True):
     """A box for an array that a layer updates while it runs, rather than one trained by gradients.
 
     Layers keep running statistics, counters or moving averages as `State` fields. `State`
@@ -86,8 +86,6 @@ def is_param(element: Any) -> bool:
 
 
 is_param.is_leaf = is_state  # type: ignore[attr-defined]
-# The marker by which code below this layer (tree_summary) tells State nodes apart.
-State.__tm_state__ = True  # type: ignore[attr-defined]
 
 
 class _Frame:

@@ -117,7 +117,8 @@ def save(path_or_file: PathOrFile, tree: Any) -> None:
     and `safetensors.torch`); see the concepts page "Saving and loading".
 
     Arguments:
-        path_or_file: a path, or a binary file opened for writing (seekable; not atomic).
+        path_or_file: a path, or a binary file or stream opened for writing (not atomic;
+            append mode and compressing writers such as `gzip.open` work).
         tree: any pytree of arrays, modules and simple Python values.
 
     Example:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo
+
 __all__ = ["set_shape_checks", "shape_checks", "shape_checks_enabled"]
 
 ENV_ENABLED = "TREEMOD_SHAPE_CHECKS"
@@ -71,25 +73,26 @@ def _env_checker() -> str:
     return raw
 
 
-# The global setting, [enabled, checker]; a context (shape_checks, @shapecheck) overrides it.
+# The global setting, [enabled, checker]; a context (shape_checks, @shapecheck) overrides it
+# with `OVERRIDE` (set and reset by `shape_checks` and by the engine around forced calls).
 _GLOBAL: list[Any] = [_env_enabled(), _env_checker()]
-_OVERRIDE: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar(
+OVERRIDE: contextvars.ContextVar[tuple[bool, str] | None] = contextvars.ContextVar(
     "treemod_shape_checks", default=None
 )
 
 
 def current() -> tuple[bool, str]:
     """The setting in force here: `(enabled, checker)`."""
-    override = _OVERRIDE.get()
+    override = OVERRIDE.get()
     return (_GLOBAL[0], _GLOBAL[1]) if override is None else override
 
 
 def enabled_for(cls: type | None) -> bool:
     """Whether a class's fields and methods are checked: its `shapecheck=` option wins."""
-    option = getattr(cls, "__tm_shapecheck__", None)
-    if option is not None:
-        return bool(option)
-    override = _OVERRIDE.get()
+    info: ModuleInfo | None = getattr(cls, INFO_ATTRIBUTE, None)  # `module_info`, inlined
+    if info is not None and info.shapecheck is not None:
+        return info.shapecheck
+    override = OVERRIDE.get()
     return bool(_GLOBAL[0] if override is None else override[0])
 
 
@@ -171,11 +174,11 @@ def shape_checks(enabled: bool = True, checker: str | None = None) -> Iterator[N
     chosen = current()[1] if checker is None else _validate_checker(checker)
     if enabled:
         ensure_checker(chosen)
-    token = _OVERRIDE.set((enabled, chosen))
+    token = OVERRIDE.set((enabled, chosen))
     try:
         yield
     finally:
-        _OVERRIDE.reset(token)
+        OVERRIDE.reset(token)
 
 
 # ----------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ annotation (jaxtyping is then already imported, by whoever wrote the annotation)
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import typing
 from collections.abc import Callable
@@ -20,31 +19,18 @@ import jaxtyping
 
 from treemod._format.describe import describe_value
 from treemod._private_apis import get_shape_memo, pop_shape_memo, push_shape_memo
-from treemod._shapecheck.annotations import (
-    UnresolvedAnnotation,
-    contains_jaxtyping,
-    dim_names,
-    format_annotation,
-    function_annotations,
-    is_array_annotation,
-)
-from treemod._shapecheck.array_checker import (
-    array_checker,
-    cacheable_fields,
-    call_key,
-    call_plan,
-    remember,
-    return_key,
-)
-from treemod._shapecheck.checker import _name, _unresolved, field_spec
+from treemod._shapecheck.annotations import display_name, is_array_annotation
+from treemod._shapecheck.array_checker import cacheable_fields, call_key, remember, return_key
 from treemod._shapecheck.config import (
-    _OVERRIDE,
     BACKENDS,
+    OVERRIDE,
     current,
     enabled_for,
     ensure_checker,
 )
-from treemod._tree.module_marker import is_module_class
+from treemod._shapecheck.fields import field_spec
+from treemod._shapecheck.spec import CallSpec, Entry, analyse_call
+from treemod._tree.module_info import is_module_class
 
 __all__ = ["ShapeCheckError"]
 
@@ -90,69 +76,6 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    name: str
-    annotation: Any
-    text: str
-    dims: tuple[str, ...]
-    kind: Any = None  # inspect.Parameter kind, for arguments
-    fast: Callable[[Any], bool] | None = None  # a fast check of common array annotations
-
-
-@dataclasses.dataclass(frozen=True)
-class _CallSpec:
-    signature: inspect.Signature
-    params: tuple[_Entry, ...]
-    ret: _Entry | None
-    is_method: bool  # the first parameter is `self`
-    bind_fields: bool  # bind the dimensions of `self`'s fields first (not in `__init__`)
-    # The per-signature check cache (array_checker.call_key): where the checked arguments
-    # are (`None`: not cacheable), and the signatures that passed, with the dims they bound.
-    plan: tuple[tuple[str, int | None], ...] | None = None
-    passed: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-
-def make_entry(name: str, annotation: Any, kind: Any = None) -> _Entry:
-    """A checked field, argument or return value: its annotation, printed form, dimensions."""
-    text = format_annotation(annotation)
-    return _Entry(name, annotation, text, dim_names(annotation), kind, array_checker(annotation))
-
-
-# ------------------------------------------------------------------------------ analysis
-
-
-def analyse_call(fn: Callable[..., Any], annotations: dict[str, Any] | None) -> _CallSpec | bool:
-    """What a call of `fn` checks (`False`: nothing); `annotations` resolved already, or `None`."""
-    if annotations is None:
-        try:
-            annotations = function_annotations(fn)
-        except UnresolvedAnnotation as e:
-            raise _unresolved(_name(fn), fn.__annotations__, e) from None
-    signature = inspect.signature(fn)
-    params = tuple(
-        make_entry(name, annotations[name], p.kind)
-        for name, p in signature.parameters.items()
-        if contains_jaxtyping(annotations.get(name))
-    )
-    ret = (
-        make_entry("return", annotations["return"])
-        if contains_jaxtyping(annotations.get("return"))
-        else None
-    )
-    if not params and ret is None:
-        return False
-    is_method = next(iter(signature.parameters), None) == "self"
-    return _CallSpec(
-        signature,
-        params,
-        ret,
-        is_method,
-        is_method and getattr(fn, "__name__", "") != "__init__",
-        call_plan(signature, params, ret),
-    )
-
-
 # ------------------------------------------------------------------------------ checking
 
 
@@ -194,7 +117,7 @@ def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str
 
 
 def _check(
-    entry: _Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str
+    entry: Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str
 ) -> None:
     if entry.fast is not None and entry.fast(value):
         reason = ""
@@ -231,13 +154,13 @@ def _is_placeholder(value: Any) -> bool:
 
 def _check_fields_into(
     module: Any,
-    spec: tuple[_Entry, ...],
+    spec: tuple[Entry, ...],
     binders: dict[Any, Any],
     checker: str,
     strict: bool,
     suffix: str,
 ) -> None:
-    owner = _name(type(module))
+    owner = display_name(type(module))
     values = module.__dict__
     for entry in spec:
         value = values.get(entry.name)
@@ -247,7 +170,7 @@ def _check_fields_into(
         _check(entry, value, label + suffix, label, binders, checker)
 
 
-def check_spec(module: Any, spec: tuple[_Entry, ...], constructing: bool) -> None:
+def check_spec(module: Any, spec: tuple[Entry, ...], constructing: bool) -> None:
     """Check `module`'s annotated fields `spec` against each other (`checker.check_fields`)."""
     checker = current()[1]
     ensure_checker(checker)
@@ -258,7 +181,7 @@ def check_spec(module: Any, spec: tuple[_Entry, ...], constructing: bool) -> Non
         pop_shape_memo()
 
 
-def _items(entry: _Entry, value: Any) -> list[tuple[str, Any]]:
+def _items(entry: Entry, value: Any) -> list[tuple[str, Any]]:
     if entry.kind is inspect.Parameter.VAR_POSITIONAL:
         return [(f"{entry.name}[{i}]", v) for i, v in enumerate(value)]
     if entry.kind is inspect.Parameter.VAR_KEYWORD:
@@ -281,7 +204,7 @@ def run_checked_call(
         return fn(*args, **kwargs)
     checker = current()[1]
     ensure_checker(checker)
-    token = _OVERRIDE.set((True, checker)) if force else None
+    token = OVERRIDE.set((True, checker)) if force else None
     try:
         if spec is False:
             return fn(*args, **kwargs)
@@ -292,7 +215,7 @@ def run_checked_call(
             bound = spec.signature.bind(*args, **kwargs)
         except TypeError:
             return fn(*args, **kwargs)  # let Python report the bad call
-        where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
+        where = f"{display_name(owner)}.{fn.__name__}" if owner is not None else display_name(fn)
         binders: dict[str, str] = {}
         push_shape_memo(bound.arguments)
         try:
@@ -320,11 +243,11 @@ def run_checked_call(
             pop_shape_memo()
     finally:
         if token is not None:
-            _OVERRIDE.reset(token)
+            OVERRIDE.reset(token)
 
 
 def _signature_of(
-    spec: _CallSpec, owner: type | None, args: tuple[Any, ...], kwargs: dict[Any, Any]
+    spec: CallSpec, owner: type | None, args: tuple[Any, ...], kwargs: dict[Any, Any]
 ) -> Any:
     """The call's key in the per-signature check cache, or `None` (see `array_checker`)."""
     if spec.plan is None:
@@ -340,7 +263,7 @@ def _signature_of(
 
 def _call_seen(
     fn: Callable[..., Any],
-    spec: _CallSpec,
+    spec: CallSpec,
     owner: type | None,
     key: Any,
     args: tuple[Any, ...],
@@ -356,7 +279,7 @@ def _call_seen(
     if out_key is not None and out_key in spec.passed:
         return out
     single, variadic, binders = spec.passed[key]
-    where = f"{_name(owner)}.{fn.__name__}" if owner is not None else _name(fn)
+    where = f"{display_name(owner)}.{fn.__name__}" if owner is not None else display_name(fn)
     push_shape_memo(spec.signature.bind(*args, **kwargs).arguments)
     try:
         memo = get_shape_memo()

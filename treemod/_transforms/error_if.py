@@ -16,7 +16,7 @@ from treemod._format.describe import describe_value
 from treemod._private_apis import DEBUG_CALLBACK_LOGGER
 from treemod._transforms.unvmap import unvmap_any
 
-__all__ = ["RuntimeCheckError", "branched_error_if", "error_if"]
+__all__ = ["RuntimeCheckError", "branched_error_if", "error_if", "set_default_on_error"]
 
 T = TypeVar("T")
 OnError = Literal["default", "raise", "breakpoint", "nan", "off"]
@@ -24,7 +24,7 @@ _ON_ERROR = ("raise", "breakpoint", "nan", "off")
 
 
 class RuntimeCheckError(RuntimeError):
-    """The error `error_if` raises (Equinox's `EquinoxRuntimeError`; a `RuntimeError`).
+    """The error `error_if` raises (a `RuntimeError`).
 
     Raised directly when the predicate is known without running the program (eagerly, or a
     Python `bool`), and by `filter_jit` functions when a check inside them fails. Under plain
@@ -54,17 +54,44 @@ class _QuietCheckFailures(logging.Filter):
 logging.getLogger(DEBUG_CALLBACK_LOGGER).addFilter(_QuietCheckFailures())
 
 
-def _default_on_error() -> str:
-    """`TREEMOD_ON_ERROR` (or Equinox's `EQX_ON_ERROR`), read once at import; else "raise"."""
-    value = os.environ.get("TREEMOD_ON_ERROR") or os.environ.get("EQX_ON_ERROR") or "raise"
+def _checked_mode(value: str, source: str) -> str:
     if value not in _ON_ERROR:
-        raise ValueError(
-            f"TREEMOD_ON_ERROR/EQX_ON_ERROR must be one of {_ON_ERROR}; got {value!r}."
-        )
+        raise ValueError(f"{source} must be one of {_ON_ERROR}; got {value!r}.")
     return value
 
 
-_DEFAULT_ON_ERROR = _default_on_error()
+# What `on_error="default"` means: `TREEMOD_ON_ERROR`, read once at import; else "raise".
+_USER_DEFAULT = os.environ.get("TREEMOD_ON_ERROR")
+_DEFAULT_ON_ERROR = _checked_mode(_USER_DEFAULT or "raise", "TREEMOD_ON_ERROR")
+
+
+def set_default_on_error(mode: str | None, source: str) -> None:
+    """Set what `on_error="default"` means for the rest of the process, unless the user chose
+    it with `TREEMOD_ON_ERROR` (which always wins, and then `mode` is not looked at).
+
+    A compatibility namespace calls this once, at its import, with the value of its library's
+    own environment variable, so code written for that library keeps the mode it asked for
+    (the hook `treemod/_compat_api.py` documents). `None` (the variable unset) changes nothing.
+
+    Arguments:
+        mode: `"raise"`, `"breakpoint"`, `"nan"` or `"off"`, or `None`.
+        source: where `mode` came from (an environment variable's name), for the error.
+
+    Raises:
+        ValueError: `mode` is none of the modes; the message names `source`.
+
+    Example:
+        >>> from treemod._transforms.error_if import set_default_on_error
+        >>> set_default_on_error(None, "MY_LIBRARY_ON_ERROR")  # unset: nothing changes
+        >>> set_default_on_error("explode", "MY_LIBRARY_ON_ERROR")
+        Traceback (most recent call last):
+        ValueError: MY_LIBRARY_ON_ERROR must be one of ('raise', ...); got 'explode'.
+    """
+    global _DEFAULT_ON_ERROR
+    if mode is None or mode == "" or _USER_DEFAULT:
+        return
+    _DEFAULT_ON_ERROR = _checked_mode(mode, source)
+
 
 # The message of the last error raised from inside a compiled program, for `filter_jit` to
 # raise as a `RuntimeCheckError` in place of JAX's wrapper.
@@ -82,12 +109,12 @@ def runtime_check_error(error: Exception) -> RuntimeCheckError | None:
 def error_if(x: T, pred: Any, msg: str, *, on_error: OnError = "default") -> T:
     """Return `x`, raising `RuntimeError(msg)` when the run reaches here with `pred` true.
 
-    Equinox's `error_if`. `pred` is a boolean array (any shape; the error fires when any
-    element is true), checked with the values the program computes: eagerly it raises at once;
-    under `filter_jit`/`jax.jit` the compiled program reports the error when its result is
-    awaited, as a `jax.errors.JaxRuntimeError` (a `RuntimeError`) whose text holds `msg`. It
-    works under `vmap` (any example with `pred` true raises) and differentiation (the
-    derivative passes through `x` unchanged). Only one boolean crosses to the host per call.
+    `pred` is a boolean array (any shape; the error fires when any element is true), checked
+    with the values the program computes: eagerly it raises at once; under
+    `filter_jit`/`jax.jit` the compiled program reports the error when its result is awaited, as
+    a `jax.errors.JaxRuntimeError` (a `RuntimeError`) whose text holds `msg`. It works under
+    `vmap` (any example with `pred` true raises) and differentiation (the derivative passes
+    through `x` unchanged). Only one boolean crosses to the host per call.
 
     A predicate known without running the program (a Python `bool`, or a concrete array
     outside any transform) is decided at once: `RuntimeCheckError(msg)` is raised there, or `x`
@@ -100,8 +127,9 @@ def error_if(x: T, pred: Any, msg: str, *, on_error: OnError = "default") -> T:
         on_error: what a true `pred` does: `"raise"` an error, open a `"breakpoint"` (the
             debugger, with the message printed), return `x` with its arrays filled with
             `"nan"` (integers: their maximum, booleans: `True`), or nothing (`"off"`).
-            `"default"` reads the environment variable `TREEMOD_ON_ERROR` (or Equinox's
-            `EQX_ON_ERROR`) once, at import; unset means `"raise"`.
+            `"default"` reads the environment variable `TREEMOD_ON_ERROR` once, at import;
+            unset means `"raise"` (or the mode a compatibility namespace read from its
+            library's own variable, such as `treemod.compat.equinox`).
 
     Returns:
         `x` (with `on_error="nan"`, its arrays replaced when `pred` holds).
@@ -128,9 +156,9 @@ def branched_error_if(
 ) -> T:
     """`error_if` with a choice of messages: raise `RuntimeError(msgs[index])`.
 
-    Equinox's `branched_error_if`. `index` is an integer array broadcastable against `pred`
-    (or a Python int); the message is that of the first element where `pred` is true. Only
-    that element's index crosses to the host.
+    `index` is an integer array broadcastable against `pred` (or a Python int); the message
+    is that of the first element where `pred` is true. Only that element's index crosses to
+    the host.
 
     Arguments:
         x: any pytree, returned unchanged.
