@@ -14,11 +14,15 @@ from . import init as _init
 from ._linear import Linear
 from ._utils import check_size, require_key
 
-__all__ = ["MLP"]
+__all__ = ["MLP", "identity"]
 
 
-def _identity(x: Any) -> Any:
+def identity(x: Any) -> Any:
+    """`x` itself: `MLP`'s default `final_activation` (a named function, so models pickle)."""
     return x
+
+
+_identity = identity  # the name that pickles of MLPs with the default activation refer to
 
 
 class MLP(Module):
@@ -62,7 +66,7 @@ class MLP(Module):
         width_size: int | Sequence[int],
         depth: int,
         activation: Callable[[Array], Array] = jax.nn.relu,
-        final_activation: Callable[[Array], Array] = _identity,
+        final_activation: Callable[[Array], Array] = identity,
         use_bias: bool = True,
         use_final_bias: bool = True,
         dtype: Any = None,

@@ -15,12 +15,12 @@ from treemod._tree.tree_at import tree_at
 
 from ._utils import accepts_key, check_number, check_size, require_key
 
-__all__ = ["SpectralNorm"]
+__all__ = ["SpectralNorm", "power_iteration"]
 
 _Layer = TypeVar("_Layer")
 
 
-def _power_iteration(w: Array, u: Array, v: Array, eps: float) -> tuple[Array, Array]:
+def power_iteration(w: Array, u: Array, v: Array, eps: float) -> tuple[Array, Array]:
     """One step of the power method on the matrix `w`: PyTorch's order and normalisation."""
     u = w @ v
     u = u / jnp.maximum(jnp.sqrt(jnp.sum(jnp.square(u))), eps)
@@ -92,7 +92,7 @@ class SpectralNorm(Module, Generic[_Layer]):
         u = jax.random.normal(ukey, (matrix.shape[0],), matrix.dtype)
         v = jax.random.normal(vkey, (matrix.shape[1],), matrix.dtype)
         for _ in range(15):
-            u, v = _power_iteration(matrix, u, v, eps)
+            u, v = power_iteration(matrix, u, v, eps)
         self.layer = layer
         self.u = State(u)
         self.v = State(v)
@@ -138,7 +138,7 @@ class SpectralNorm(Module, Generic[_Layer]):
             w = lax.stop_gradient(getattr(self.layer, self.weight_name))
             matrix = jnp.reshape(w, (w.shape[0], -1))
             for _ in range(self.num_power_iterations):
-                u, v = _power_iteration(matrix, u, v, self.eps)
+                u, v = power_iteration(matrix, u, v, self.eps)
             update_state(self.u, u)
             update_state(self.v, v)
         weight = self._normalised(u, v)

@@ -16,7 +16,7 @@ from treemod._transforms.vmap import filter_vmap
 from treemod._tree.filters import is_array
 from treemod.nn._linear import Linear
 from treemod.nn._mlp import MLP as _MLP
-from treemod.nn._mlp import _identity
+from treemod.nn._mlp import identity
 from treemod.nn._utils import require_key
 
 __all__ = ["MLP"]
@@ -76,7 +76,7 @@ class MLP(_MLP, check_descendants=False):
         width_size: int,
         depth: int,
         activation: Callable[..., Any] = jax.nn.relu,
-        final_activation: Callable[..., Any] = _identity,
+        final_activation: Callable[..., Any] = identity,
         use_bias: bool = True,
         use_final_bias: bool = True,
         dtype: Any = None,

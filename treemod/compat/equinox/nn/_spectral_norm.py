@@ -14,7 +14,7 @@ from jax import lax
 from treemod._module.module import field
 from treemod._tree.tree_at import tree_at
 from treemod.nn._spectral_norm import SpectralNorm as _TreemodSpectralNorm
-from treemod.nn._spectral_norm import _power_iteration
+from treemod.nn._spectral_norm import power_iteration
 
 from ._stateful import State, StatefulLayer, StateIndex
 
@@ -107,7 +107,7 @@ class SpectralNorm(StatefulLayer, Generic[_Layer]):
         if not inference:
             frozen = lax.stop_gradient(matrix)
             for _ in range(self.num_power_iterations):
-                u, v = _power_iteration(frozen, u, v, self.eps)
+                u, v = power_iteration(frozen, u, v, self.eps)
             state = state.set(self.uv_index, (u, v))
         sigma = u @ matrix @ v
         normalised = jnp.reshape(matrix / sigma, weight.shape)
