@@ -26,6 +26,7 @@ __all__ = [
     "SUSPECT_TYPES",
     "annotate_converted_arguments",
     "check_suspect_value",
+    "find_unfinished_module",
     "inherits_custom_init",
     "make_tree_functions",
     "provided_by_class",
@@ -124,6 +125,7 @@ TRANSFORM_TYPES = frozenset(
 )
 SUSPECT_TYPES = TRANSFORM_TYPES | {types.MethodType, BoundMethod}
 CONTAINERS = (tuple, list, dict)
+_CONTAINER_TYPES = frozenset(CONTAINERS)
 
 
 def check_suspect_value(cls: Any, self: Any, name: str, value: Any) -> None:
@@ -149,6 +151,35 @@ def check_suspect_value(cls: Any, self: Any, name: str, value: Any) -> None:
             "make the module contain itself (a cycle, not a tree). Make it a property instead "
             f"(`@property def {name}(self): return self.{getattr(value, '__name__', 'method')}`)."
         )
+
+
+def find_unfinished_module(d: dict[str, Any], building: set[int]) -> str | None:
+    """The path, among the fields `d` of a module being built, of a module whose `__init__`
+    has not finished (ids in `building`: the module itself, or one that is building it), or
+    `None`.
+
+    Storing such a module makes a cycle (`self.child = self`, `Child(parent=self)`). Containers
+    (`tuple`, `list`, `dict`) are looked into; modules are not, as each checked its own fields
+    when it was built, so for a layer of arrays the check is two passes in C."""
+    values = d.values()
+    if building.isdisjoint(map(id, values)) and _CONTAINER_TYPES.isdisjoint(map(type, values)):
+        return None
+    for name, value in d.items():
+        if id(value) in building:
+            return f".{name}"
+        if type(value) in CONTAINERS and (inner := _find_in(value, building)) is not None:
+            return f".{name}{inner}"
+    return None
+
+
+def _find_in(container: Any, building: set[int]) -> str | None:
+    items = container.items() if type(container) is dict else enumerate(container)
+    for key, value in items:
+        if id(value) in building:
+            return f"[{key!r}]"
+        if type(value) in CONTAINERS and (inner := _find_in(value, building)) is not None:
+            return f"[{key!r}]{inner}"
+    return None
 
 
 def warn_field_values(info: ModuleInfo, cls: Any, d: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from treemod._module.construction import (
     SUSPECT_TYPES,
     annotate_converted_arguments,
     check_suspect_value,
+    find_unfinished_module,
     inherits_custom_init,
     make_tree_functions,
     provided_by_class,
@@ -382,6 +383,13 @@ def _finish_init(info: ModuleInfo, cls: Any, self: Any) -> None:
         for name, value in list(d.items()):
             if type(value) in SUSPECT_TYPES:
                 check_suspect_value(cls, self, name, value)
+    if (where := find_unfinished_module(d, _INITIALISING)) is not None:
+        raise ValueError(
+            f"{cls.__qualname__}.{where[1:]} holds a module whose __init__ has not finished "
+            "(the module being built, or one building it): a module must be a tree, not a "
+            "cycle (saving, printing and every transform would recurse forever). Store the "
+            "parts it needs instead, or make the reference a property."
+        )
     if info.class_provided:
         for name in info.class_provided:
             if name in d:
