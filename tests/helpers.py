@@ -5,11 +5,13 @@
   may be JAX or NumPy arrays, Python numbers or PyTorch tensors.
 - `mypy_messages`, `snippet_line`: run mypy (through its API) on a user snippet and find the
   messages of the line that carries a `# marker` comment.
+- `recursion_budget_lost`: levels of Python's recursion budget lost (see tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["close", "mypy_messages", "normal", "snippet_line", "to_numpy"]
+__all__ = ["close", "mypy_messages", "normal", "recursion_budget_lost", "snippet_line", "to_numpy"]
 
 
 def normal(shape: tuple[int, ...], seed: int = 0, dtype: Any = jnp.float32) -> jax.Array:
@@ -83,3 +85,19 @@ def snippet_line(source: str, marker: str) -> int:
     """The 1-based line of the snippet `source` that ends with `# marker`."""
     lines = textwrap.dedent(source).splitlines()
     return next(i + 1 for i, text in enumerate(lines) if text.endswith(f"# {marker}"))
+
+
+def recursion_budget_lost() -> int:
+    """Python's recursion limit minus the calling frame's depth minus the calls that still fit:
+    levels of the budget lost to C code that entered a recursion and never left it."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+
+    def fits(n: int) -> int:
+        try:
+            return fits(n + 1)
+        except RecursionError:
+            return n
+
+    return sys.getrecursionlimit() - depth - fits(0)

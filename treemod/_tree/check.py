@@ -31,21 +31,28 @@ def tree_flatten_one_level(pytree: Any) -> tuple[list[Any], Any]:
         >>> tm.tree_flatten_one_level(4)[0]
         [4]
     """
-    root_seen = False
+    root_seen = holds_itself = False
 
+    # Refused after the flattening, not raised from inside `is_leaf`: an exception raised
+    # through jaxlib's C++ flattening leaks Python's recursion budget, one level per enclosing
+    # node (jaxlib 0.10.2), so every such error would bring a later RecursionError closer.
     def is_leaf(node: Any) -> bool:
-        nonlocal root_seen
+        nonlocal root_seen, holds_itself
         if node is not pytree:
             return True
         if root_seen:
-            raise ValueError(
-                f"tree_flatten_one_level: a {type(pytree).__name__} node holds itself as an "
-                "immediate child; a pytree cannot contain itself. Remove the self-reference."
-            )
+            holds_itself = True
+            return True
         root_seen = True
         return False
 
-    return jtu.tree_flatten(pytree, is_leaf=is_leaf)
+    flat = jtu.tree_flatten(pytree, is_leaf=is_leaf)
+    if holds_itself:
+        raise ValueError(
+            f"tree_flatten_one_level: a {type(pytree).__name__} node holds itself as an "
+            "immediate child; a pytree cannot contain itself. Remove the self-reference."
+        )
+    return flat
 
 
 def tree_check(pytree: Any) -> None:
