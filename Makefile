@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint typecheck pytest docs serve-docs bench bench-quick clean
+.PHONY: demo test test-fast lint typecheck pytest docs serve-docs bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,17 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
+# --dist loadfile: each test file runs on one worker, so its module-scoped fixtures (a mkdocs
+# build, the multi-process runs) are computed once.
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile tests benchmarks/tests treemod
+
 pytest: $(VENV)/.dev
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests treemod
+	$(PYTEST)
+
+# The edit-test loop: pytest without the tests marked heavy (processes, mypy, mkdocs, examples)
+# or slow (several libraries' models); `make test` runs everything.
+test-fast: $(VENV)/.dev
+	$(PYTEST) -m "not heavy and not slow"
 
 docs: $(VENV)/.dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

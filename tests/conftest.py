@@ -10,17 +10,24 @@
 - Fixtures: `shape_checks_on` (checks on with typeguard for one test, the previous global setting
   restored after it); `shape_checks_restored` (only the restoring).
 - Markers (registered in pyproject.toml): `slow`, tests that compile several libraries' models;
-  `make test` runs them.
-- xdist groups: pytest-xdist (3.8) sends the tests of one `xdist_group` to one worker under
-  `--dist loadgroup` by appending `@group` to each item's `_nodeid`, which pytest 9 no longer
-  reads (the id lives in `_id`), so every group was silently spread over the workers (the API
-  site built once per worker, the multi-process references computed twice). Where xdist's
-  suffix did not take, `pytest_collection_modifyitems` sets it.
+  `heavy`, tests that start processes or tools (multi-process runs, mypy, mkdocs, examples,
+  fresh interpreters, benchmark smoke runs). `make test` runs both; `make test-fast` neither.
+- Workers: `make test` runs pytest-xdist with `--dist loadfile` (a file's tests on one worker,
+  so a module-scoped fixture such as the API pages' mkdocs build or a multi-process run is
+  computed once). `--dist loadgroup` is not used: xdist 3.8 marks a group by rewriting each
+  test's node id, which pytest 9 no longer reads (pytest-xdist issue 1386), so groups were
+  silently spread over the workers.
+- Reference libraries: with the `CI` environment variable set (`.ci/run` sets it), a missing
+  reference library (`REFERENCES` below) stops the run before any test; elsewhere the tests
+  that need one skip, so a contributor without PyTorch can still run the rest.
 - Recursion headroom: jaxlib's C++ tree flattening loses one level of Python's recursion budget
-  per enclosing container whenever a flatten function, `is_leaf` or a `tree_map` callback raises
-  (jaxlib 0.10.2). Tests of error paths do that on purpose, and in one xdist worker the losses
-  added up until unrelated later tests failed with `RecursionError`. After each test the budget
-  lost is given back by raising the recursion limit.
+  per enclosing container whenever a flatten function or an `is_leaf` raises (jaxlib 0.10.2),
+  and `sys.setrecursionlimit` does not give it back (it keeps the depth in use). treemod's own
+  code never raises through a flattening (`tree_flatten_one_level` refuses after it), but tests
+  of error paths and the references they compare with (Equinox's `tree_check` on a
+  self-referencing tree) do, and in one worker the losses added up until unrelated later tests
+  failed with `RecursionError`. After each test that lost budget, the limit is raised by as
+  much.
 """
 
 import os
@@ -42,6 +49,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from helpers import recursion_budget_lost  # noqa: E402  (tests/, on pytest's pythonpath)
+
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The references (PyTorch, NumPy) compute float32 matmuls exactly; on GPUs JAX's default
@@ -58,51 +67,61 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# The libraries the tests compare against (import name: distribution).
+REFERENCES = {
+    "equinox": "equinox",
+    "hypothesis": "hypothesis",
+    "optax": "optax",
+    "orbax.checkpoint": "orbax-checkpoint",
+    "peft": "peft",
+    "safetensors": "safetensors",
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "transformers": "transformers",
+    "treescope": "treescope",
+}
+
+
+def missing_references() -> list[str]:
+    """The distributions of `REFERENCES` that cannot be found (without importing them)."""
+    import importlib.util
+
+    missing = []
+    for module, distribution in REFERENCES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            missing.append(distribution)
+    return missing
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "error")
+    if os.environ.get("CI") and (missing := missing_references()):
+        raise pytest.UsageError(
+            f"CI is set, and these reference libraries are not installed: {', '.join(missing)}. "
+            "The tests compare against them; install the dev and torch extras "
+            "(pip install -e '.[dev,torch]')."
+        )
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give each test of an `xdist_group` the `@group` id suffix `--dist loadgroup` reads."""
-    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
-        return
-    from _pytest.nodeid import NodeId
-
-    for item in items:
-        if "@" in item.nodeid:
-            continue
-        names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
-        if names:
-            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
-
-
-def _recursion_budget_lost() -> int:
-    """The recursion limit minus this frame's depth minus the calls that still fit."""
-    depth, frame = 0, sys._getframe()
-    while frame is not None:
-        depth, frame = depth + 1, frame.f_back
-
-    def fits(n: int) -> int:
-        try:
-            return fits(n + 1)
-        except RecursionError:
-            return n
-
-    return sys.getrecursionlimit() - depth - fits(0)
-
-
-_BUDGET_LOST_AT_START: list[int] = []
+# Levels lost before the first test ends, and levels given back since (the limit raised by).
+_BUDGET = {"lost_at_start": -1, "given_back": 0}
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    lost = _recursion_budget_lost()
-    if not _BUDGET_LOST_AT_START:
-        _BUDGET_LOST_AT_START.append(lost)
-    leaked = lost - _BUDGET_LOST_AT_START[0]
+    lost = recursion_budget_lost()
+    if _BUDGET["lost_at_start"] < 0:
+        _BUDGET["lost_at_start"] = lost
+    # Raising the limit leaves the lost levels lost (it keeps the depth in use), so what was
+    # given back already is counted apart.
+    leaked = lost - _BUDGET["lost_at_start"] - _BUDGET["given_back"]
     if leaked > 0:
         sys.setrecursionlimit(sys.getrecursionlimit() + leaked)
+        _BUDGET["given_back"] += leaked
 
 
 @pytest.fixture(autouse=True)
@@ -123,13 +142,13 @@ def temporary_files_in_tmp_path(tmp_path: pathlib.Path) -> Iterator[None]:
 
 @pytest.fixture
 def shape_checks_restored() -> Iterator[None]:
-    """Restore treemod's global shape-check setting (`tm.set_shape_checks`) after the test."""
+    """Restore treemod's global shape-check setting (`tm.shape_checks(...)`) after the test."""
     import treemod as tm
     from treemod._shapecheck.config import current
 
     saved = current()
     yield
-    tm.set_shape_checks(*saved)
+    tm.shape_checks(*saved)
 
 
 @pytest.fixture
@@ -137,4 +156,4 @@ def shape_checks_on(shape_checks_restored: None) -> None:
     """Shape checks on, with typeguard, for the test; the previous global setting after it."""
     import treemod as tm
 
-    tm.set_shape_checks(True, checker="typeguard")
+    tm.shape_checks(True, checker="typeguard")

@@ -128,6 +128,7 @@ print(before, mode(tm.error_if), mode(ceqx.error_if), mode(eqx.error_if))
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("value", ["nan", "off"])
 def test_eqx_on_error_is_honoured_once_compat_is_imported(value: str) -> None:
     # treemod alone ignores Equinox's variable; with the compat namespace imported, both it
@@ -136,6 +137,7 @@ def test_eqx_on_error_is_honoured_once_compat_is_imported(value: str) -> None:
     assert out.startswith(f"raise {value} {value} {value}"), out
 
 
+@pytest.mark.heavy
 def test_treemods_variable_wins_and_a_bad_value_names_the_variable() -> None:
     out = _run(_MODES, EQX_ON_ERROR="nan", TREEMOD_ON_ERROR="off")
     assert out.startswith("off off off nan"), out

@@ -23,8 +23,8 @@ import treemod.nn as nn
 yaml = pytest.importorskip("yaml", reason="mkdocs (the `dev` extra) is not installed")
 pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is not installed")
 
-# One xdist group: every test here shares the one mkdocs build of the module fixture.
-pytestmark = [pytest.mark.docs_build, pytest.mark.xdist_group("api_html")]
+# Heavy: one mkdocs build (module fixture) that every test here reads.
+pytestmark = [pytest.mark.docs_build, pytest.mark.heavy]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _HEADING = re.compile(r'<h[1-6] id="(treemod\.[^"]+)"')

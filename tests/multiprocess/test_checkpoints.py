@@ -23,7 +23,7 @@ from multiprocess.conftest import Launch
 from multiprocess.test_training import NAMES, _reference
 
 # One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
-pytestmark = pytest.mark.xdist_group("multiprocess")
+pytestmark = pytest.mark.heavy  # processes talking through jax.distributed
 
 pytest.importorskip("orbax.checkpoint")  # an optional dependency (the multihost extra)
 

@@ -14,7 +14,7 @@ from docs import pages
 from multiprocess import harness
 
 # One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
-pytestmark = pytest.mark.xdist_group("multiprocess")
+pytestmark = pytest.mark.heavy  # processes talking through jax.distributed
 
 pytest.importorskip("orbax.checkpoint")  # optional dependencies the page uses
 pytest.importorskip("optax")

@@ -12,7 +12,7 @@ import pytest
 from multiprocess import harness
 
 # One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
-pytestmark = pytest.mark.xdist_group("multiprocess")
+pytestmark = pytest.mark.heavy  # processes talking through jax.distributed
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ from multiprocess import training
 from multiprocess.conftest import Launch
 
 # One xdist worker runs them all (`make test`: -n 2 --dist loadgroup), so each run starts once.
-pytestmark = pytest.mark.xdist_group("multiprocess")
+pytestmark = pytest.mark.heavy  # processes talking through jax.distributed
 
 TARGET = "multiprocess.training:train_all"
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # fresh processes or tools
+
 
 def test_import_treemod_defers_nn_and_jax_extend() -> None:
     code = (

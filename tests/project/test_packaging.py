@@ -11,6 +11,8 @@ import tomllib
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # fresh processes or tools
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

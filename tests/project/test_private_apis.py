@@ -49,6 +49,7 @@ def test_every_name_resolves_in_the_installed_libraries(name: str) -> None:
     assert getattr(private, name) is not None
 
 
+@pytest.mark.heavy
 def test_the_jaxtyping_names_are_loaded_at_their_first_use_not_at_import() -> None:
     code = (
         "import sys, treemod._private_apis as p\n"

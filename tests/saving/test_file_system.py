@@ -109,6 +109,7 @@ def _killed_save(path: pathlib.Path) -> pathlib.Path:
     raise AssertionError("the writer finished every time before it could be killed")
 
 
+@pytest.mark.heavy
 @posix_only
 def test_a_later_save_removes_the_temporaries_of_killed_saves_and_only_those(
     tmp_path: pathlib.Path,

@@ -362,6 +362,7 @@ tm.save(sys.argv[1], {"w": [np.full(n // 8, i, np.float32) for i in range(8)], "
 """
 
 
+@pytest.mark.heavy
 def test_sigkill_during_save_leaves_the_old_checkpoint_intact(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "ckpt.safetensors"
     old = {"w": [np.full(1000, i, np.float32) for i in range(8)], "step": 1}

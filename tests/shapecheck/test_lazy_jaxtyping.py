@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.fresh_interpreter import run_printing
 
 _DEFERRED = ("jaxtyping", "typeguard", "wadler_lindig", "beartype", "treemod._shapecheck.engine")
@@ -20,6 +22,7 @@ def _run(code: str) -> list[str]:
     return run_printing(textwrap.dedent(code)).splitlines()
 
 
+@pytest.mark.heavy
 def test_import_treemod_imports_no_jaxtyping_typeguard_or_wadler_lindig() -> None:
     out = _run(f"""
         import sys
@@ -29,6 +32,7 @@ def test_import_treemod_imports_no_jaxtyping_typeguard_or_wadler_lindig() -> Non
     assert out == ["[]"]
 
 
+@pytest.mark.heavy
 def test_modules_without_jaxtyping_annotations_never_load_it() -> None:
     # Plain annotations, a method with annotations, a forward reference in a string
     # annotation (wrapped at class creation, resolved at the first call), tree_at, filter_jit.
@@ -74,6 +78,7 @@ def test_modules_without_jaxtyping_annotations_never_load_it() -> None:
     ]
 
 
+@pytest.mark.heavy
 def test_jaxtyping_annotations_are_checked_after_a_plain_import_treemod() -> None:
     out = _run("""
         import io, pickle, sys
@@ -120,6 +125,7 @@ def test_jaxtyping_annotations_are_checked_after_a_plain_import_treemod() -> Non
     ]
 
 
+@pytest.mark.heavy
 def test_string_annotations_naming_jaxtyping_are_checked_or_reported() -> None:
     # jaxtyping imported by the defining module: checked. Imported only for type checkers
     # (so absent at runtime): reported as before, naming the class and field, at the first

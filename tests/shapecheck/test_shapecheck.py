@@ -500,6 +500,7 @@ def test_environment_variable(monkeypatch):
         _env_checker()
 
 
+@pytest.mark.heavy
 def test_environment_variable_at_import():
     import subprocess
     import sys

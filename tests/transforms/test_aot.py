@@ -82,6 +82,7 @@ def _save(module: Any, path: Path, *args: Any, compile: bool = True) -> Path:
     return tm.save_compiled(path, lowered.compile() if compile else lowered)
 
 
+@pytest.mark.heavy
 def test_round_trip_in_a_new_process_without_tracing(step_module: Any, tmp_path: Path) -> None:
     args = _inputs(step_module)
     path = _save(step_module, tmp_path / "step.jaxexe", *args, compile=False)

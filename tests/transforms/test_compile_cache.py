@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 _SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp
@@ -45,6 +47,7 @@ def _run(cache: pathlib.Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_second_process_hits_the_persistent_cache(tmp_path: pathlib.Path) -> None:
     cache = tmp_path / "nested" / "cache"  # created on demand
     first = _run(cache)

@@ -55,6 +55,7 @@ print(jax.make_jaxpr(jax.vmap(lambda x: tm.debug.breakpoint_if(x < 0)))(jnp.aran
 """
 
 
+@pytest.mark.heavy
 def test_breakpoint_if_stays_a_branch_under_vmap() -> None:
     text = run_printing(_BREAKPOINT_JAXPR)  # traced in a fresh interpreter: see its docstring
     assert "cond[" in text and "select" not in text  # debugger only when pred holds
@@ -72,6 +73,7 @@ print(runner.failures, runner.tries)
 """
 
 
+@pytest.mark.heavy
 def test_breakpoint_if_docstring_example() -> None:
     """The example in `breakpoint_if`'s docstring, which the doctest run leaves out (see the
     root conftest.py), run by doctest in a fresh interpreter."""

@@ -76,6 +76,7 @@ print(jax.make_jaxpr(jax.vmap(f))(jnp.ones(2), jnp.ones(2, bool)))
 """
 
 
+@pytest.mark.heavy
 def test_breakpoint_mode_opens_the_debugger(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import treemod as tm
 
@@ -74,6 +75,7 @@ def check_data_parallel_step() -> None:
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_data_parallel_step_equals_single_device() -> None:
     if len(jax.devices()) >= N_DEVICES:
         check_data_parallel_step()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # fresh processes or tools
+
 mypy_api = pytest.importorskip("mypy.api")
 
 
