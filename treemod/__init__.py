@@ -81,6 +81,7 @@ from treemod._saving.checkpoint import load, save
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
+    __version__: str
     from . import nn as nn
     from treemod._shapecheck.checker import ShapeCheckError as ShapeCheckError
 
@@ -95,14 +96,26 @@ def __getattr__(name: str) -> _typing.Any:
 
         error = globals()[name] = checker.ShapeCheckError
         return error
+    if name == "__version__":
+        return _version()
     raise AttributeError(f"module 'treemod' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "nn", "ShapeCheckError"})
+    return sorted({*globals(), "nn", "ShapeCheckError", "__version__"})
 
 
-__version__ = "0.1.0"
+def _version() -> str:
+    """The installed distribution's version (written once, in pyproject.toml), read at the first
+    `treemod.__version__`: the lookup scans `sys.path` (tens of milliseconds at import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("treemod")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        found = "0+unknown"
+    globals()["__version__"] = found
+    return found
 
 __all__ = [
     # Filters and tree utilities.
