@@ -58,7 +58,12 @@ _IS_ARRAY_OR_ABSTRACT_TYPE = _TypeIsArray(_ARRAY_OR_ABSTRACT_TYPES)
 # included), never a `jax.ShapeDtypeStruct`, which they keep static as Equinox's do. Internal:
 # the public predicates below also accept abstract leaves, for filtering skeletons.
 def is_traceable_array(element: Any) -> bool:
-    """Whether `element` is an array a transform can trace (not a `jax.ShapeDtypeStruct`)."""
+    """Whether `element` is an array with values, which the transforms trace: a `jax.Array`
+    (tracers included), `np.ndarray` or `np.generic`; never a `jax.ShapeDtypeStruct`.
+
+    The transforms' one meaning of "array" (`IS_ARRAY_TYPE` per type, for their hot paths);
+    `is_array` is the public predicates' (abstract leaves too).
+    """
     return IS_ARRAY_TYPE[type(element)]
 
 
@@ -83,8 +88,12 @@ def is_array(element: Any) -> bool:
 
     A `jax.ShapeDtypeStruct` (what `jax.eval_shape` returns in place of an array) counts as
     the array it stands for, so predicates and filters work the same on an abstract skeleton.
-    The transforms still treat one as a static value, as Equinox's do: `filter_jit` does not
-    trace it, and `filter_grad` (and the other derivatives) do not differentiate it.
+    This is the one meaning of the public predicates (`is_array`, `is_inexact_array`,
+    `is_array_like`, `is_inexact_array_like`, and `is_param` built on them). The transforms
+    split leaves by another one, arrays with values (`is_traceable_array`): they treat a
+    `jax.ShapeDtypeStruct` as a static value, as Equinox's do (`filter_jit` does not trace it,
+    the derivatives do not differentiate it); `treemod.compat.equinox.is_array` is Equinox's,
+    which refuses it. The page "Filtered transforms and retracing" tabulates the three.
 
     Arguments:
         element: any Python object.
