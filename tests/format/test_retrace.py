@@ -159,3 +159,38 @@ def test_debug_errors() -> None:
         tm.debug.get_num_traces(lambda x: x)
     with pytest.raises(ValueError, match="max_traces must be an int"):
         tm.debug.assert_max_traces(lambda x: x, max_traces=-1)
+
+
+class _NoRepr:
+    """A hashable static value whose `repr` raises (issue 37)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NoRepr) and other.n == self.n
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr is broken")
+
+
+@pytest.mark.parametrize("switch", ["argument", "environment"])
+def test_a_static_value_whose_repr_raises_does_not_fail_the_retrace(
+    switch: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The explainer is a diagnostic: the calls return what they return without it."""
+    if switch == "environment":
+        monkeypatch.setenv("TREEMOD_EXPLAIN_RETRACES", "1")
+        f = tm.filter_jit(lambda x, s: x * s.n)
+    else:
+        f = tm.filter_jit(lambda x, s: x * s.n, explain_retraces=True)
+    lines = _explained(caplog, f, (jnp.ones(2), _NoRepr(1)), (jnp.ones(2), _NoRepr(3)))
+    assert f(jnp.ones(2), _NoRepr(3)).tolist() == [3.0, 3.0]  # numpy: np.ones(2) * 3
+    assert lines == [
+        "retrace of <lambda>: args[1]: static value <_NoRepr object; its repr raised "
+        "RuntimeError> -> <_NoRepr object; its repr raised RuntimeError>"
+    ]
+

@@ -32,12 +32,15 @@ def aval_of(x: Any) -> tuple[tuple[int, ...], Any, bool]:
 
 
 def short_repr(value: Any) -> str:
-    """`repr`, shortened, with functions shown by name."""
+    """`repr`, shortened, with functions shown by name (and never raising)."""
     name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     if callable(value) and isinstance(name, str) and not isinstance(value, type):
         text = f"<function {name}>"
     else:
-        text = repr(value)
+        try:
+            text = repr(value)
+        except Exception as e:  # noqa: BLE001 - a diagnostic never fails the call it explains
+            text = f"<{type(value).__qualname__} object; its repr raised {type(e).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
