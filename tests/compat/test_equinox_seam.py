@@ -8,6 +8,7 @@ while the compat namespace raises Equinox's types (checked against real Equinox)
 
 from __future__ import annotations
 
+import ast
 import os
 import pathlib
 import re
@@ -54,6 +55,39 @@ def test_the_scan_sees_the_core_and_finds_equinox_code() -> None:
 @pytest.mark.parametrize("path", CORE, ids=lambda p: p.relative_to(PACKAGE).as_posix())
 def test_the_core_code_does_not_know_equinox(path: pathlib.Path) -> None:
     assert _code_mentions(path) == []
+
+
+def _treemod_imports(path: pathlib.Path) -> set[str]:
+    """The treemod modules `path` imports, anywhere in it (relative imports resolved)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.add(module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m == "treemod" or m.startswith("treemod.")}
+
+
+def test_compat_uses_public_names_and_the_one_internal_interface() -> None:
+    compat = sorted((PACKAGE / "compat").rglob("*.py"))
+    assert len(compat) > 20
+    private = {
+        f"{path.relative_to(PACKAGE).as_posix()}: {module}"
+        for path in compat
+        for module in _treemod_imports(path)
+        if module != "treemod._compat_api"
+        and not module.startswith("treemod.compat")
+        and any(part.startswith("_") for part in module.split("."))
+    }
+    assert private == set()
+    users = [p for p in CORE if "treemod._compat_api" in _treemod_imports(p)]
+    assert users == []  # the core never reaches up to it
 
 
 def test_the_core_exports_one_checkpoint_system() -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from treemod._module.bound_method import BoundMethod
 from treemod._tree.filters import is_inexact_traceable_array_like, is_traceable_array
 from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo
 
@@ -123,7 +122,7 @@ TRANSFORM_TYPES = frozenset(
         jax.checkpoint,
     )
 )
-SUSPECT_TYPES = TRANSFORM_TYPES | {types.MethodType, BoundMethod}
+SUSPECT_TYPES = TRANSFORM_TYPES | {types.MethodType}
 CONTAINERS = (tuple, list, dict)
 _CONTAINER_TYPES = frozenset(CONTAINERS)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from treemod._module.module import field
+from treemod import field
 
 __all__ = ["static_field"]
 

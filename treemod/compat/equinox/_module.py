@@ -14,13 +14,11 @@ from typing import Any, ClassVar
 
 import jax.tree_util as jtu
 
-from treemod._module.bound_method import BoundMethod, bind_inherited_methods, bind_methods
-from treemod._module.module import Module as _Module
-from treemod._module.module import ModuleMeta
-from treemod._transforms.custom_jvp import filter_custom_jvp
-from treemod._transforms.wrapper import TransformedFunction
-from treemod._tree.module_info import module_info
+from treemod import Module as _Module
+from treemod import filter_custom_jvp
+from treemod._compat_api import ModuleMeta, TransformedFunction, check_suspect_value, module_info
 
+from ._bound_method import BoundMethod, bind_inherited_methods, bind_methods
 from ._pretty import tree_pformat
 from ._tree import tree_equal
 
@@ -63,7 +61,11 @@ class _CompatMeta(ModuleMeta):
                 "with `is_abstract=True` (or `strict=eqx.StrictConfig(force_abstact=True)`). "
                 "Instantiate a subclass."
             )
-        return super().__call__(*args, **kwargs)
+        module = super().__call__(*args, **kwargs)
+        for name, value in vars(module).items():  # `self.f = self.method`: a cycle
+            if type(value) is BoundMethod and value.__self__ is module:
+                check_suspect_value(cls, module, name, value)
+        return module
 
     @property
     def __abstractvars__(cls) -> frozenset[str]:

@@ -17,7 +17,7 @@ import jax
 import jax.tree_util as jtu
 import wadler_lindig as wl
 
-from treemod._module.bound_method import BoundMethod
+from ._bound_method import BoundMethod
 
 __all__ = ["tree_pformat", "tree_pprint"]
 

@@ -21,10 +21,9 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from treemod._compat_api import NotANodeError, WhereComputedError
-from treemod._shapecheck.config import shape_checks
-from treemod._tree.tree_at import tree_at as _tree_at
-from treemod._tree.tree_equal import compare_trees
+from treemod import shape_checks
+from treemod import tree_at as _tree_at
+from treemod._compat_api import NotANodeError, WhereComputedError, compare_trees
 
 from ._errors import EquinoxNotANodeError, EquinoxWhereComputedError
 

@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from treemod.nn._activations import PReLU as _PReLU
+from treemod.nn import PReLU as _PReLU
 
 __all__ = ["PReLU"]
 

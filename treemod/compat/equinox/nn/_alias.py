@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from treemod._module.module import ModuleMeta
+from treemod._compat_api import ModuleMeta
 
 __all__ = ["CompatLayerMeta"]
 

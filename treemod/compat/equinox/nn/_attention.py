@@ -17,8 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from treemod.nn._attention import MultiheadAttention as _MultiheadAttention
-from treemod.nn._utils import compute_dtype
+from treemod._compat_api import compute_dtype
+from treemod.nn import MultiheadAttention as _MultiheadAttention
 
 from ._alias import CompatLayerMeta
 

@@ -14,9 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from treemod._module.module import field
-from treemod.nn._batch_norm import batch_statistics, normalise
-from treemod.nn._utils import default_dtype
+from treemod import field
+from treemod._compat_api import batch_statistics, default_dtype, normalise
 
 from ._stateful import State, StatefulLayer, StateIndex
 

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray
 
-from treemod.nn._conv import Conv as _Conv
-from treemod.nn._conv_transpose import ConvTranspose as _ConvTranspose
-from treemod.nn._utils import with_spatial_dims
+from treemod._compat_api import with_spatial_dims
+from treemod.nn import Conv as _Conv
+from treemod.nn import ConvTranspose as _ConvTranspose
 
 __all__ = [
     "Conv",

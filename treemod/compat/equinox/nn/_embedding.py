@@ -7,8 +7,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from treemod.nn._embedding import Embedding as _Embedding
-from treemod.nn._rotary import RotaryPositionalEmbedding as _RotaryPositionalEmbedding
+from treemod.nn import Embedding as _Embedding
+from treemod.nn import RotaryPositionalEmbedding as _RotaryPositionalEmbedding
 
 from ._alias import CompatLayerMeta
 

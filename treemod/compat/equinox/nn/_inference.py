@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from treemod.nn._inference import inference_mode
+from treemod.nn import inference_mode
 
 __all__ = ["inference_mode", "tree_inference"]
 

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 import jax
 
+from treemod._compat_api import default_dtype, require_key
+from treemod.nn import Dropout as _Dropout
+from treemod.nn import Linear as _Linear
 from treemod.nn import init as _init
-from treemod.nn._dropout import Dropout as _Dropout
-from treemod.nn._linear import Linear as _Linear
-from treemod.nn._utils import default_dtype, require_key
 
 from ._alias import CompatLayerMeta
 

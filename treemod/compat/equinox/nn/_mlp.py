@@ -10,14 +10,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from treemod._module.module import field
-from treemod._transforms.axis_specs import if_array
-from treemod._transforms.vmap import filter_vmap
-from treemod._tree.filters import is_array
-from treemod.nn._linear import Linear
-from treemod.nn._mlp import MLP as _MLP
-from treemod.nn._mlp import identity
-from treemod.nn._utils import require_key
+from treemod import field, filter_vmap, if_array, is_array
+from treemod._compat_api import identity, require_key
+from treemod.nn import MLP as _MLP
+from treemod.nn import Linear
 
 __all__ = ["MLP"]
 

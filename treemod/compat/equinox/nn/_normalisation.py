@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from treemod.nn._normalisation import GroupNorm as _GroupNorm
-from treemod.nn._normalisation import LayerNorm as _LayerNorm
-from treemod.nn._normalisation import RMSNorm as _RMSNorm
+from treemod.nn import GroupNorm as _GroupNorm
+from treemod.nn import LayerNorm as _LayerNorm
+from treemod.nn import RMSNorm as _RMSNorm
 
 from ._alias import CompatLayerMeta
 

@@ -14,21 +14,21 @@ from typing import Any
 
 from jaxtyping import Array
 
-from treemod.nn._adaptive_pool import AdaptiveAvgPool1d as _AdaptiveAvgPool1d
-from treemod.nn._adaptive_pool import AdaptiveAvgPool2d as _AdaptiveAvgPool2d
-from treemod.nn._adaptive_pool import AdaptiveAvgPool3d as _AdaptiveAvgPool3d
-from treemod.nn._adaptive_pool import AdaptiveMaxPool1d as _AdaptiveMaxPool1d
-from treemod.nn._adaptive_pool import AdaptiveMaxPool2d as _AdaptiveMaxPool2d
-from treemod.nn._adaptive_pool import AdaptiveMaxPool3d as _AdaptiveMaxPool3d
-from treemod.nn._adaptive_pool import AdaptivePool as _AdaptivePool
-from treemod.nn._layout import apply_image_layer, layer_name
-from treemod.nn._pool import AvgPool1d as _AvgPool1d
-from treemod.nn._pool import AvgPool2d as _AvgPool2d
-from treemod.nn._pool import AvgPool3d as _AvgPool3d
-from treemod.nn._pool import MaxPool1d as _MaxPool1d
-from treemod.nn._pool import MaxPool2d as _MaxPool2d
-from treemod.nn._pool import MaxPool3d as _MaxPool3d
-from treemod.nn._pool import Pool as _Pool
+from treemod._compat_api import apply_image_layer, layer_name
+from treemod.nn import AdaptiveAvgPool1d as _AdaptiveAvgPool1d
+from treemod.nn import AdaptiveAvgPool2d as _AdaptiveAvgPool2d
+from treemod.nn import AdaptiveAvgPool3d as _AdaptiveAvgPool3d
+from treemod.nn import AdaptiveMaxPool1d as _AdaptiveMaxPool1d
+from treemod.nn import AdaptiveMaxPool2d as _AdaptiveMaxPool2d
+from treemod.nn import AdaptiveMaxPool3d as _AdaptiveMaxPool3d
+from treemod.nn import AdaptivePool as _AdaptivePool
+from treemod.nn import AvgPool1d as _AvgPool1d
+from treemod.nn import AvgPool2d as _AvgPool2d
+from treemod.nn import AvgPool3d as _AvgPool3d
+from treemod.nn import MaxPool1d as _MaxPool1d
+from treemod.nn import MaxPool2d as _MaxPool2d
+from treemod.nn import MaxPool3d as _MaxPool3d
+from treemod.nn import Pool as _Pool
 
 __all__ = [
     "AdaptiveAvgPool1d",

@@ -7,9 +7,9 @@ from typing import Any
 
 import jax
 
-from treemod.nn._sequential import Lambda as _TreemodLambda
-from treemod.nn._sequential import Sequential as _TreemodSequential
-from treemod.nn._utils import accepts_key
+from treemod._compat_api import accepts_key
+from treemod.nn import Lambda as _TreemodLambda
+from treemod.nn import Sequential as _TreemodSequential
 
 from ._stateful import State, StatefulLayer
 

@@ -11,10 +11,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from treemod._module.module import field
-from treemod._tree.tree_at import tree_at
-from treemod.nn._spectral_norm import SpectralNorm as _TreemodSpectralNorm
-from treemod.nn._spectral_norm import power_iteration
+from treemod import field, tree_at
+from treemod._compat_api import power_iteration
+from treemod.nn import SpectralNorm as _TreemodSpectralNorm
 
 from ._stateful import State, StatefulLayer, StateIndex
 

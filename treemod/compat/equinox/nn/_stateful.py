@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from treemod._format.describe import describe_value
-from treemod._module.module import Module, field
-from treemod._tree.tree_at import tree_at
+from treemod import Module, field, tree_at
+from treemod._compat_api import describe_value
 
 __all__ = ["StateIndex", "State", "make_with_state", "delete_init_state", "StatefulLayer"]
 

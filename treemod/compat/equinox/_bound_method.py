@@ -1,13 +1,16 @@
-"""Bound methods that are pytrees: `model.method` with `model` as its one child.
+"""Bound methods that are pytrees, as Equinox makes them: `model.method` with `model` as its
+one child.
 
-Equinox makes `model.method` a pytree, so `jax.tree_util.tree_leaves(model.method)` gives the
-model's arrays and `jax.jit(run)(model.method)` traces them. `bind_methods` gives a class's
-plain functions that behaviour (the compat namespace's `Module` uses it); special methods
-(`__call__`, ...) stay ordinary, so calling a module costs nothing extra.
+In Equinox `jax.tree_util.tree_leaves(model.method)` gives the model's arrays and
+`jax.jit(run)(model.method)` traces them. `bind_methods` gives a class's plain functions that
+behaviour (this namespace's `Module` uses it); special methods (`__call__`, ...) stay
+ordinary, so calling a module costs nothing extra. `BoundMethod` sets the class-level marker
+`__tm_bound_method__`, by which treemod's transforms and `treemod.debug` treat it as they treat
+a Python bound method (see `treemod/_compat_api.py`).
 
 Example:
     >>> import jax, jax.numpy as jnp
-    >>> from treemod._module.bound_method import BoundMethod
+    >>> from treemod.compat.equinox._bound_method import BoundMethod
     >>> import treemod as tm
     >>> class Scale(tm.Module):
     ...     w: jax.Array
@@ -28,7 +31,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from treemod._tree.module_info import is_module_class
+from treemod import Module
 
 __all__ = ["BoundMethod", "bind_inherited_methods", "bind_methods"]
 
@@ -108,7 +111,7 @@ def bind_inherited_methods(cls: type) -> None:
     """Give `cls` the plain functions it inherits from bases that are not modules (mixins) as
     `BoundMethod`-giving methods too; modules' own bodies were bound by `bind_methods`."""
     for base in cls.__mro__[1:-1]:
-        if is_module_class(base):  # a module: its own body is bound, or is treemod's
+        if Module in base.__mro__:  # a module: its own body is bound, or is treemod's
             continue
         for name, value in vars(base).items():
             if (
