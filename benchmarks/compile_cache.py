@@ -26,6 +26,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks import timing
+
 DEPTH, WIDTH, BATCH = (int(v) for v in os.environ.get("TM_BENCH_DWB", "16,64,8").split(","))
 
 
@@ -145,7 +147,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         rows = {}
         for name, rs in runs.items():
             xs = [r["first_call_s"] for r in rs]
-            med = statistics.median(xs)
+            med = timing.summary(xs)["median"]
             parts = [
                 statistics.median(r[k] for r in rs) for k in ("trace_s", "lower_s", "compile_s")
             ]

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks import timing
+
 WIDTH, BATCH, LR = 64, 8, 1e-3
 
 
@@ -185,11 +187,10 @@ def _nnx_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]:
 
 def _time_block(run: Callable[[], Any], steps: int) -> tuple[float, float]:
     """(wall, process CPU) seconds per step over `steps` steps, ending when the result is ready."""
-    start, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        out = run()
-    out.block_until_ready()
-    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    wall_cpu: tuple[float, float] = timing.time_block(
+        run, steps, ready=lambda out: out.block_until_ready(), cpu=True
+    )
+    return wall_cpu
 
 
 def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[tuple[float, float]]]:
@@ -204,8 +205,7 @@ def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[tuple[f
         _time_block(run, 3)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for r in range(rounds):
-        order = list(runs) if r % 2 == 0 else list(reversed(runs))
-        for name in order:
+        for name in timing.round_order(list(runs), r, "alternate"):
             samples[name].append(_time_block(runs[name], steps))
     return samples
 
@@ -285,17 +285,11 @@ def main(quick: bool = False) -> dict[str, Any]:
             cpus = [c for _, c in pairs]
             # Ratios are paired by round (the floor ran next to the contender), then the median
             # is taken: this cancels most of the drift in machine load between rounds.
-            ratio = statistics.median(
-                w / f for (w, _), (f, _) in zip(pairs, floor_pairs, strict=True)
-            )
-            cpu_ratio = statistics.median(
-                c / f for (_, c), (_, f) in zip(pairs, floor_pairs, strict=True)
-            )
+            ratio = timing.paired_ratio(xs, [f for f, _ in floor_pairs])
+            cpu_ratio = timing.paired_ratio(cpus, [f for _, f in floor_pairs])
             med, cpu = statistics.median(xs), statistics.median(cpus)
             rows[name] = {
-                "median_us": med * 1e6,
-                "min_us": min(xs) * 1e6,
-                "max_us": max(xs) * 1e6,
+                **timing.summary(xs, scale=1e6, unit="us"),
                 "ratio_to_floor": ratio,
                 "cpu_median_us": cpu * 1e6,
                 "cpu_ratio_to_floor": cpu_ratio,

@@ -35,32 +35,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import timing
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
-    return {
-        "median_us": statistics.median(samples) * 1e6,
-        "min_us": min(samples) * 1e6,
-        "max_us": max(samples) * 1e6,
-    }
-
-
 def _alternate(cases: dict[str, Callable[[], Any]], rounds: int, block: int) -> dict[str, Any]:
-    """Median and range of the per-call time of each case, the cases alternating per round."""
-    import jax
-
-    for fn in cases.values():  # compile and warm up
-        jax.block_until_ready(fn())
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            t = time.perf_counter()
-            for _ in range(block):
-                out = fn()
-            jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - t) / block)
-    return {name: _summary(s) for name, s in samples.items()}
+    """Median and range of the per-call time of each case (microseconds), the cases taking
+    turns in every round."""
+    samples = timing.alternate(cases, rounds, block=block, order="fixed")
+    return {name: timing.summary(s, scale=1e6, unit="us") for name, s in samples.items()}
 
 
 def _ratios(results: dict[str, Any], pairs: dict[str, tuple[str, str]]) -> dict[str, float]:
@@ -236,7 +220,7 @@ def bench_import(quick: bool) -> dict[str, Any]:
 
 
 def _ms(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return timing.summary(values)
 
 
 # ------------------------------------------------------------------------------ ahead of time

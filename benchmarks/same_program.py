@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import timing
 from .run import unavailable
 from .workloads import MODULES
 from .workloads.spec import workloads
@@ -109,10 +110,9 @@ def compile_times(texts: dict[str, str], rounds: int, seed: int = 0) -> dict[str
     backend, probe, *args = seen[0]
     names = list(texts)
     times: dict[str, list[float]] = {name: [] for name in names}
-    order = random.Random(seed)
-    for _ in range(rounds):
-        order.shuffle(names)
-        for name in names:
+    rng = random.Random(seed)
+    for r in range(rounds):
+        for name in timing.round_order(names, r, "shuffle", rng):
             with probe.context:
                 module = ir.Module.parse(texts[name])
             t = time.perf_counter()

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks import timing
+
 WIDTH, BATCH, DEPTH, LR = 64, 8, 4, 1e-3
 
 
@@ -104,11 +106,7 @@ def _build() -> dict[str, Any]:
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-    }
+    return timing.summary(samples)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -131,8 +129,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     samples: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+        for name in timing.round_order(names, r, "rotate"):
             fn, state = steps[name]
             start = time.perf_counter()
             for _ in range(block):

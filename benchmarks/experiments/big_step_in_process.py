@@ -8,12 +8,11 @@ time 5 steps each. Prints the median time per step and its range over the rounds
 """
 
 import importlib
-import statistics
 import sys
-import time
 
 import jax
 
+from benchmarks import timing
 from benchmarks.worker import _batch
 from benchmarks.workloads import MODULES
 from benchmarks.workloads.spec import workloads
@@ -32,18 +31,20 @@ def main(workload: str, frameworks: list[str]) -> None:
         states[fw] = [case, carry, x, y]
     times: dict[str, list[float]] = {fw: [] for fw in frameworks}
     for r in range(15):
-        for fw in frameworks if r % 2 else frameworks[::-1]:
-            case, carry, x, y = states[fw]
-            t = time.perf_counter()
-            for _ in range(5):
-                carry, loss = case.step(carry, x, y)
-            case.wait(carry)
-            jax.block_until_ready(loss)
-            times[fw].append((time.perf_counter() - t) / 5)
-            states[fw][1] = carry
+        for fw in timing.round_order(frameworks, r, "alternate"):
+            state = states[fw]
+
+            def step(state=state):
+                state[1], loss = state[0].step(state[1], state[2], state[3])
+                return state[1], loss
+
+            def ready(out, case=state[0]):
+                case.wait(out[0])
+                jax.block_until_ready(out[1])
+
+            times[fw].append(timing.time_block(step, 5, ready=ready))
     for fw in frameworks:
-        ms = [1e3 * t for t in times[fw]]
-        print(fw, f"{statistics.median(ms):.1f} ms [{min(ms):.1f}-{max(ms):.1f}]")
+        print(fw, f"{timing.spread(times[fw], scale=1e3)} ms")
 
 
 if __name__ == "__main__":

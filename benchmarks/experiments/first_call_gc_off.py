@@ -10,9 +10,10 @@ milliseconds spent in full collections during it, then the medians.
 """
 
 import json
-import statistics
 import subprocess
 import sys
+
+from benchmarks import timing
 
 CHILD = r"""
 import gc, importlib, json, sys, time
@@ -71,4 +72,6 @@ for i in range(repeats):
         res[(fw, v)].append(r)
         print(fw, v, {k: round(x, 3) for k, x in r.items()}, flush=True)
 for (fw, v), rs in res.items():
-    print("median", fw, v, {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]})
+    print(
+        "median", fw, v, {k: round(timing.summary([r[k] for r in rs])["median"], 3) for k in rs[0]}
+    )

@@ -11,12 +11,12 @@ the previous step finished.
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
 import time
 
 import jax
 
+from benchmarks import timing
 from benchmarks.worker import _batch
 from benchmarks.workloads import MODULES
 from benchmarks.workloads.spec import workloads
@@ -39,9 +39,8 @@ def main() -> None:
         jax.block_until_ready((carry, loss))
         totals.append(time.perf_counter() - t)
     print(
-        f"{fw:8} {w.name}: call returns in {1e3 * statistics.median(returns):.2f} ms "
-        f"[{1e3 * min(returns):.2f}-{1e3 * max(returns):.2f}], "
-        f"step done in {1e3 * statistics.median(totals):.1f} ms"
+        f"{fw:8} {w.name}: call returns in {timing.spread(returns, scale=1e3, digits=2)} ms, "
+        f"step done in {timing.summary(totals, scale=1e3)['median']:.1f} ms"
     )
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import statistics
 import sys
 import time
 
 import jax
 
+from benchmarks import timing
 from benchmarks.worker import _batch
 from benchmarks.workloads import MODULES
 from benchmarks.workloads.spec import workloads
@@ -40,16 +40,15 @@ def main() -> None:
         for _ in range(3):
             carry, loss = case.step(carry, x, y)
         jax.block_until_ready(loss)
-        samples = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(10):
-                carry, loss = case.step(carry, x, y)
-            jax.block_until_ready(loss)
-            samples.append((time.perf_counter() - t) / 10)
+        state = [carry]
+
+        def step(case=case, state=state, x=x, y=y):
+            state[0], loss = case.step(state[0], x, y)
+            return loss
+
+        samples = [timing.time_block(step, 10) for _ in range(5)]
         print(
-            f"{fw:8} {name:14} step {1e3 * statistics.median(samples):8.3f} ms "
-            f"[{1e3 * min(samples):.3f}-{1e3 * max(samples):.3f}]  "
+            f"{fw:8} {name:14} step {timing.spread(samples, scale=1e3, digits=3)} ms  "
             f"(setup+compile {time.perf_counter() - t0 - sum(samples) * 10:.1f} s) "
             f"on {jax.devices()[0].device_kind}",
             flush=True,

@@ -7,10 +7,9 @@ that splits a key and doubles a vector, one that only doubles the vector. The di
 the compile cost of the Threefry hash that every training step splitting a key pays.
 """
 
-import statistics
-
 import jax
 
+from benchmarks import timing
 from benchmarks.same_program import compile_times
 
 
@@ -21,10 +20,7 @@ def main() -> None:
         "no split": jax.jit(lambda k, v: (k, v * 2)).lower(key, x).as_text(),
     }
     for name, times in compile_times(texts, rounds=15).items():
-        print(
-            f"{name:<9} median {1e3 * statistics.median(times):.1f} ms "
-            f"[{1e3 * min(times):.1f}–{1e3 * max(times):.1f}]"
-        )
+        print(f"{name:<9} median {timing.spread(times, scale=1e3)} ms")
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ import contextlib
 import dataclasses
 import importlib
 import re
-import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 
+from benchmarks import timing
 from benchmarks.run import unavailable
 from benchmarks.same_program import _compiles_seen, compile_times
 from benchmarks.worker import _batch
@@ -98,7 +98,7 @@ def compile_table(w: Workload, depths: list[int], rounds: int) -> None:
         for name in VERSIONS:
             lines, largest = _optimised(texts[name])
             t = times[name]
-            cell = f"{statistics.median(t):.2f} [{min(t):.2f}-{max(t):.2f}]"
+            cell = timing.spread(t, digits=2)
             print(f"{depth:>5} {name:<9} {cell:<28} {lines:>9}  {largest}", flush=True)
 
 
@@ -133,7 +133,7 @@ def step_table(w: Workload, samples: int) -> None:
               f"{iters}:")  # fmt: skip
         for name in VERSIONS:
             t = [1e3 * s for s in times[name][1:]]
-            print(f"  {name:<9} {statistics.median(t):7.1f} [{min(t):.1f}-{max(t):.1f}]")
+            print(f"  {name:<9} {timing.spread(t):>7}")
 
 
 def main() -> None:

@@ -14,13 +14,13 @@ up each library's own Python-level caches and is not counted.
 import gc
 import importlib
 import random
-import statistics
 import sys
 from typing import Any
 
 import jax
 from jax._src import compiler
 
+from benchmarks import timing
 from benchmarks.worker import LOWER, TRACE, _batch
 from benchmarks.workloads import MODULES
 from benchmarks.workloads.spec import workloads
@@ -49,9 +49,7 @@ def main(workload: str, rounds: int, frameworks: list[str]) -> None:
     times: dict[str, list[tuple[float, float]]] = {fw: [] for fw in frameworks}
     rng = random.Random(0)
     for r in range(rounds + 1):
-        order = list(frameworks)
-        rng.shuffle(order)
-        for fw in order:
+        for fw in timing.round_order(frameworks, r, "shuffle", rng):
             case, carry, x, y = cases[fw]
             jax.clear_caches()
             gc.collect()
@@ -67,8 +65,8 @@ def main(workload: str, rounds: int, frameworks: list[str]) -> None:
     for fw in frameworks:
         cols = []
         for i in (0, 1):
-            v = [1e3 * t[i] for t in times[fw]]
-            cols.append(f"{statistics.median(v):7.1f} [{min(v):.0f}-{max(v):.0f}]")
+            v = [t[i] for t in times[fw]]
+            cols.append(f"{timing.spread(v, scale=1e3):>7}")
         print(f"{fw:<10} {cols[0]:<30} {cols[1]}")
 
 
