@@ -117,6 +117,7 @@ def _version() -> str:
     globals()["__version__"] = found
     return found
 
+
 __all__ = [
     # Filters and tree utilities.
     "apply_updates",
