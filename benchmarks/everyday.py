@@ -228,10 +228,10 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 def _jit_of(step: Callable[..., Any]) -> Any:
     """The `filter_jit` training step inside a workload's `Case.step` closure."""
-    from treemod._transforms.jit import _JitWrapper
+    from treemod import JitWrapped
 
     for cell in step.__closure__ or ():
-        if isinstance(cell.cell_contents, _JitWrapper):
+        if isinstance(cell.cell_contents, JitWrapped):
             return cell.cell_contents
     raise LookupError("no filter_jit step in the closure")
 

@@ -52,7 +52,7 @@ from treemod._transforms.custom_jvp import filter_custom_jvp
 from treemod._transforms.custom_vjp import filter_custom_vjp
 from treemod._transforms.error_if import RuntimeCheckError, branched_error_if, error_if
 from treemod._transforms.eval_shape import filter_eval_shape
-from treemod._transforms.jit import filter_jit
+from treemod._transforms.jit import JitWrapped, filter_jit
 from treemod._transforms.make_jaxpr import filter_make_jaxpr
 from treemod._transforms.shard import filter_shard
 from treemod._transforms.pmap import filter_pmap
@@ -150,6 +150,7 @@ __all__ = [
     "stateful",
     "update_state",
     # Transforms.
+    "JitWrapped",
     "LoadedCompiled",
     "RuntimeCheckError",
     "branched_error_if",

@@ -22,7 +22,8 @@ from treemod._format.pretty import tree_pformat as _tree_pformat
 from treemod._module.module import Module as _Module
 from treemod._module.module import field as _field
 from treemod._transforms.error_if import error_if as _error_if
-from treemod._transforms.jit import _JitWrapper, _TraceCount
+from treemod._transforms.jit import JitWrapped as _JitWrapped
+from treemod._transforms.jit_cache import TraceCount as _TraceCount
 from treemod._transforms.unvmap import unvmap_any as _unvmap_any
 from treemod._tree.filters import combine as _combine
 from treemod._tree.filters import is_traceable_array as _is_array
@@ -92,7 +93,7 @@ def assert_max_traces(fn: _Callable[..., _Any] | None = None, *, max_traces: int
         return _functools.partial(assert_max_traces, max_traces=max_traces)
     if max_traces is not None and (not isinstance(max_traces, int) or max_traces < 0):
         raise ValueError(f"assert_max_traces: max_traces must be an int >= 0; got {max_traces!r}")
-    if isinstance(fn, _JitWrapper):
+    if isinstance(fn, _JitWrapped):
         return fn.with_max_traces(max_traces)
     if not callable(fn):
         raise TypeError(f"assert_max_traces expects a callable; got {type(fn).__name__}.")
@@ -124,7 +125,7 @@ def get_num_traces(fn: _Any) -> int:
     """
     inner = fn
     for _ in range(100):  # wrapper chains are short; this bounds a cyclic `__wrapped__`
-        if isinstance(inner, _JitWrapper):
+        if isinstance(inner, _JitWrapped):
             return inner.num_traces
         if isinstance(inner, _MaxTraces):
             return inner.count.num_traces

@@ -194,3 +194,17 @@ def test_a_static_value_whose_repr_raises_does_not_fail_the_retrace(
         "RuntimeError> -> <_NoRepr object; its repr raised RuntimeError>"
     ]
 
+
+def test_an_explainer_failure_is_logged_and_the_call_goes_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from treemod._transforms import jit_cache
+
+    def broken(old: Any, new: Any) -> list[str]:
+        raise ValueError("explainer bug")
+
+    monkeypatch.setattr(jit_cache, "explain", broken)
+    f = tm.filter_jit(lambda x: x + 1, explain_retraces=True)
+    lines = _explained(caplog, f, (jnp.ones(1),), (jnp.ones(2),))
+    assert f(jnp.ones(2)).tolist() == [2.0, 2.0]
+    assert lines == ["retrace of <lambda>: (cannot explain it: ValueError: explainer bug)"]

@@ -218,7 +218,7 @@ def test_many_versions_warn_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(jit_cache, "WARN_VERSIONS", 4)
     monkeypatch.setattr(jit_cache, "MAX_VERSIONS", 6)
     f = tm.filter_jit(lambda x, n: x + n)
-    f._traces.warn_at = jit_cache.WARN_VERSIONS  # a fresh wrapper reads it when created
+    f.cache.warn_at = jit_cache.WARN_VERSIONS  # a fresh cache reads it when created
     x = jnp.zeros(())
     for n in range(3):
         f(x, n)
@@ -226,7 +226,7 @@ def test_many_versions_warn_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
         f(x, 3)
     for n in range(4, 10):
         assert float(f(x, n)) == n  # no second warning: warnings are errors in the tests
-    assert len(f._traces.cache) == 6
+    assert len(f.cache.versions) == 6
     traces = tm.debug.get_num_traces(f)
     assert float(f(x, 0)) == 0  # dropped: compiled again
     assert tm.debug.get_num_traces(f) == traces + 1
@@ -235,7 +235,7 @@ def test_many_versions_warn_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
 def test_warning_says_how_to_bound_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jit_cache, "WARN_VERSIONS", 2)
     f = tm.filter_jit(lambda x, n: x * n)
-    f._traces.warn_at = 2
+    f.cache.warn_at = 2
     f(jnp.ones(()), 1)
     with pytest.warns(jit_cache.RecompileWarning) as record:
         f(jnp.ones(()), 2)
@@ -311,7 +311,7 @@ def test_a_failed_first_trace_is_not_kept() -> None:
     flag[0] = False
     assert g(jnp.zeros(2)).tolist() == [1.0, 1.0]
     assert g(jnp.zeros(2)).tolist() == [1.0, 1.0]
-    assert len(log) == 2 and not g._traces.pending
+    assert len(log) == 2 and len(g.cache.versions) == 1
 
 
 def _run_both_in_threads(first: Any, second: Any, arg: jax.Array) -> list[Any]:
@@ -397,3 +397,4 @@ def test_a_nan_static_field_reused_compiles_once() -> None:
     for _ in range(3):  # the same NaN object: the tree structures compare equal
         assert np.isnan(np.asarray(f(Shift(nan), jnp.zeros(2)))).all()
     assert tm.debug.get_num_traces(f) == 1
+

@@ -69,6 +69,8 @@ SNIPPET = """
     reveal_type(tm.filter_jit(donate="all")(f)(1, name="a"))  # jit-decorator-options
     reveal_type(jitted.lower(1, "a").compile()(1, "a"))  # jit-aot
     reveal_type(jitted.with_max_traces(2)(1, "a"))  # jit-max-traces
+    public: tm.JitWrapped[[int, str], float] = jitted  # jit-public-type
+    reveal_type(jitted)  # jit-type
 
     class Model(tm.Module):
         w: jax.Array
@@ -105,6 +107,11 @@ def test_the_transforms_keep_the_signature_of_the_wrapped_function(tmp_path: Pat
     for marker in ("jit-result", "jit-decorator-options", "jit-aot", "jit-max-traces"):
         assert revealed(marker) == "float", marker
     assert revealed("jit-method").endswith(".Array")  # jax.Array, by its defining module
+    # `filter_jit` returns the public, documented `treemod.JitWrapped`, generic in `f`'s
+    # parameters and result.
+    assert re.fullmatch(
+        r"treemod\.[\w.]*JitWrapped\[\[.*int, .*str\], .*float\]", revealed("jit-type")
+    )
     assert revealed("vmap-result") == "float"
     assert revealed("remat-result") == "float"
     wrong = ("jit-wrong", "jit-method-wrong", "grad-wrong", "vg-wrong", "remat-wrong")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treemod._transforms.jit_cache import _SHARED
+from treemod._transforms.jit_sharing import all_shared_caches
 
 __all__ = ["clear_caches"]
 
@@ -27,9 +27,5 @@ def clear_caches() -> None:
         >>> tm.debug.get_num_traces(f)
         2
     """
-    for per_target in list(_SHARED.values()):
-        for traces in per_target.values():
-            with traces.lock:
-                traces.cache.clear()
-                traces.lowerable.clear()
-    _SHARED.clear()
+    for cache in all_shared_caches():
+        cache.clear()

@@ -1,9 +1,11 @@
 """`filter_jit`: `jax.jit` where arrays are traced and every other leaf is static.
 
-Per call the wrapper does as little Python as possible: one C++ flatten of
-`(fn_tree, args, kwargs)`, a cached classification of the leaf types, two `compress` passes and
-one dict lookup keyed by `(treedef, static leaf types, static leaves)`. Each key owns a `jax.jit`
-of a function that rebuilds the arguments. An output with non-array leaves comes back as a
+`JitWrapped` is what `filter_jit` returns. Its per-call path (`JitWrapped.__call__`) is one
+C++ flatten of `(fn_tree, args, kwargs)`, one lookup of the leaf types' classification
+(`KINDS`), two `compress` passes, one dict lookup of the key in its `JitCache` (`jit_cache.py`:
+what the key is made of, when a version is valid, threads) and the compiled call. A miss
+makes a version: one `jax.jit` of a function that rebuilds the arguments and calls the
+wrapped function (`_new_version`). An output with non-array leaves comes back as a
 `HeldPacked` with only arrays as leaves, which keeps JAX's C++ dispatch path, and is rebuilt
 after the call; nothing blocks.
 """
@@ -11,7 +13,6 @@ after the call; nothing blocks.
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 from itertools import compress
 from typing import Any, Generic, Literal, overload
@@ -23,41 +24,24 @@ from treemod._format.paths import function_name
 from treemod._format.retrace import aval_of
 from treemod._transforms.error_if import runtime_check_error
 from treemod._transforms.jit_cache import (
-    FLOAT_POSITIONS,
-    _Traces,
-    share_target,
+    KINDS,
+    JitCache,
+    Key,
+    TraceCount,
+    call_key,
     static_key,
-    traces_for,
 )
-from treemod._transforms.jit_cache import _TraceCount as _TraceCount
-from treemod._transforms.leaves import KINDS, merge_leaves, pack_output, unpack_output
+from treemod._transforms.jit_sharing import share
+from treemod._transforms.leaves import merge_leaves, pack_output, unpack_output
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
-__all__ = ["filter_jit"]
+__all__ = ["Compiled", "JitWrapped", "Lowered", "filter_jit"]
 
 Donate = Literal["all", "all-except-first", "warn", "warn-except-first", "none"]
 _DONATE_MODES = ("all", "all-except-first", "warn", "warn-except-first", "none")
 _UNUSED_DONATION = "Some donated buffers were not usable"
 _flatten = jtu.tree_flatten
-
-
-def signature_key(
-    leaves: list[Any], treedef: Any
-) -> tuple[tuple[Any, ...], tuple[bool, ...], tuple[Any, ...]]:
-    """The cache key of flattened arguments, their array mask and their static leaves."""
-    sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
-    static = tuple(compress(leaves, neg))
-    floats = FLOAT_POSITIONS[sig_id]
-    return (treedef, sig_id, static_key(static, floats) if floats else static), mask, static
-
-
-def _reference(code: Any, weak: bool) -> Callable[[], Any]:
-    """A getter of `code`: weak for a shared function, whose versions live in a cache keyed
-    weakly on it (a strong reference from the traced function would keep both alive)."""
-    if weak and code is not None:
-        return weakref.ref(code)
-    return lambda: code
 
 
 def _raise_check_error(error: Exception) -> None:
@@ -73,50 +57,65 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return fn
 
 
-class _JitWrapper(TransformedFunction[P, R]):
-    """The callable returned by `filter_jit`: typed as the function it wraps (`Callable[P, R]`)."""
+class _Donating:
+    """A version that donates the array arguments after its first `kept` ones."""
+
+    __slots__ = ("jitted", "kept", "quiet")
+
+    def __init__(self, jitted: Any, kept: int, quiet: bool) -> None:
+        self.jitted, self.kept, self.quiet = jitted, kept, quiet
+
+    def __call__(self, dynamic: list[Any]) -> Any:
+        k = self.kept
+        if not self.quiet:
+            return self.jitted(dynamic[:k], dynamic[k:])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            return self.jitted(dynamic[:k], dynamic[k:])
+
+
+class JitWrapped(TransformedFunction[P, R]):
+    """A function compiled by `filter_jit`: call it as the function it wraps.
+
+    Typed as that function (`JitWrapped[P, R]` is called with `f`'s parameters and returns
+    its result). Besides calling it: `.lower(*args)` for ahead-of-time compilation,
+    `.with_max_traces(n)`, `.num_traces`, `.retrace_explanations`, and `.cache`, the
+    compiled versions it shares with other wrappers of the same function.
+
+    Example:
+        >>> import jax.numpy as jnp, treemod as tm
+        >>> double = tm.filter_jit(lambda x: 2 * x)
+        >>> isinstance(double, tm.JitWrapped)
+        True
+        >>> double(jnp.ones(2)), double.num_traces
+        (Array([2., 2.], dtype=float32), 1)
+    """
 
     def __init__(self, fn: Callable[P, R], donate: str, explain_retraces: bool | None) -> None:
         self._fn: Any = fn
-        self._fn_tree, self._call_fn = split_fn(fn)
+        self._fn_tree, call = split_fn(fn)
         self._donate = donate
-        self._explain_flag = explain_retraces
+        self._explain = explain_retraces
         self._name = function_name(fn)
-        closure: tuple[Any, ...] = ()
-        variant: tuple[Any, ...] = ()
-        self._remake: Any = None  # rebuilds `fn` from `target` when fn wraps it (share_target)
-        if self._call_fn is not None:
-            target: Any = self._call_fn
-        elif self._fn_tree is not None:
-            target = type(self._fn_tree)
-        elif (shared := share_target(fn)) is not None:
-            target, closure, variant, self._remake = shared
-        else:
-            target = None
-        # The traced function holds the shared function weakly (the shared cache is keyed
-        # weakly on it): a strong reference would keep it, and its versions, alive forever.
-        self._weak = target is not None and not isinstance(target, type)
-        self._target = target if self._remake is not None else None
-        self._traces = traces_for(target, donate, explain_retraces, closure, variant)
-        self._cache = self._traces.cache
+        self._cache, self._caller = share(fn, self._fn_tree, call, (donate, explain_retraces))
+        self._versions = self._cache.versions
         self._wraps(fn)
 
-    # The hot path: keep it short.
+    # The per-call path: keep it short (see the module docstring).
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         leaves, treedef = _flatten((self._fn_tree, args, kwargs))
-        sig_id, mask, neg = KINDS[tuple(map(type, leaves))]
-        static = tuple(compress(leaves, neg))
-        floats = FLOAT_POSITIONS[sig_id]
+        sig_id, mask, not_mask, floats = KINDS[tuple(map(type, leaves))]
+        static = tuple(compress(leaves, not_mask))
         key = (treedef, sig_id, static_key(static, floats) if floats else static)
         try:
-            entry = self._cache[key]
+            version = self._versions[key]
         except KeyError:
             return self._miss(key, mask, static, list(compress(leaves, mask)))  # type: ignore[no-any-return]
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
         try:  # costs nothing unless raised
-            return unpack_output(entry(list(compress(leaves, mask))))  # type: ignore[no-any-return]
+            return unpack_output(version(list(compress(leaves, mask))))  # type: ignore[no-any-return]
         except jax.errors.JaxRuntimeError as e:
             _raise_check_error(e)
             raise
@@ -124,10 +123,15 @@ class _JitWrapper(TransformedFunction[P, R]):
     def __repr__(self) -> str:
         return f"filter_jit({self._name})"
 
-    def _count(self) -> _TraceCount | None:
+    @property
+    def cache(self) -> JitCache:
+        """The compiled versions this function shares with other wrappers of it."""
+        return self._cache
+
+    def _count(self) -> TraceCount | None:
         """This callable's trace count (its static parts' own), or `None` before any trace."""
         try:
-            return self._traces.counts.get(jtu.tree_structure(self._fn_tree))
+            return self._cache.counts.get(jtu.tree_structure(self._fn_tree))
         except TypeError:  # an unhashable static field: never traced
             return None
 
@@ -143,11 +147,18 @@ class _JitWrapper(TransformedFunction[P, R]):
         count = self._count()
         return [] if count is None else count.log
 
-    def with_max_traces(self, max_traces: int | None) -> _JitWrapper[P, R]:
-        """A copy with its own compiled versions and trace count, failing past `max_traces`."""
-        new: _JitWrapper[P, R] = _JitWrapper(self._fn, self._donate, self._explain_flag)
-        new._traces = _Traces(max_traces)
-        new._cache = new._traces.cache
+    def with_max_traces(self, max_traces: int | None) -> JitWrapped[P, R]:
+        """A copy with its own compiled versions and trace count, failing past `max_traces`.
+
+        Arguments:
+            max_traces: the most traces allowed (`None`: count only).
+
+        Returns:
+            A new `JitWrapped` of the same function and options.
+        """
+        new: JitWrapped[P, R] = JitWrapped(self._fn, self._donate, self._explain)
+        new._cache = JitCache(max_traces)
+        new._versions = new._cache.versions
         return new
 
     def _raise_unhashable(self, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> None:
@@ -155,8 +166,63 @@ class _JitWrapper(TransformedFunction[P, R]):
         if error is not None:
             raise error from None
 
+    def _version_for(
+        self, key: Key, mask: tuple[bool, ...], static: tuple[Any, ...]
+    ) -> tuple[Key, Callable[[list[Any]], Any], bool]:
+        """`(stored key, version, made)`: the stored version, else a new one, stored."""
+        version = self._new_version(key, mask, static)  # cheap: nothing is traced yet
+        cache = self._cache
+        with cache.lock:
+            found = cache.versions.get(key)
+            if found is None:
+                cache.add(key, version, self._name)
+                return key, version, True
+        return key, found, False
+
+    def _miss(
+        self, key: Key, mask: tuple[bool, ...], static: tuple[Any, ...], dynamic: list[Any]
+    ) -> Any:
+        """Make, store and run a new version; drop it again if its first call raises."""
+        key, version, made = self._version_for(key, mask, static)
+        try:
+            out = version(dynamic)
+        except BaseException as e:
+            if made:
+                self._cache.discard(key, version)
+            if isinstance(e, jax.errors.JaxRuntimeError):
+                _raise_check_error(e)
+            raise
+        return unpack_output(out)
+
+    def _new_version(
+        self, key: Key, mask: tuple[bool, ...], static: tuple[Any, ...]
+    ) -> Callable[[list[Any]], Any]:
+        """A `jax.jit` of the wrapped function for the calls with this key."""
+        treedef = key[0]
+        count = self._cache.count_for(treedef.children()[0])
+        # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
+        # would keep the wrapper, or the module's arrays, alive as long as the cache.
+        caller, name, flag = self._caller, self._name, self._explain
+
+        def traced(dynamic: list[Any]) -> Any:
+            count.record(name, flag, lambda: (treedef, mask, static, tuple(map(aval_of, dynamic))))
+            fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
+            return pack_output(caller(fn_tree, args, kwargs), held=True)
+
+        _named(traced, name)
+        if self._donate == "none":
+            return jax.jit(traced)
+
+        def donating(kept: list[Any], donated: list[Any]) -> Any:
+            return traced(kept + donated)
+
+        jitted = jax.jit(_named(donating, name), donate_argnums=1)
+        quiet = self._donate in ("all", "all-except-first")
+        return _Donating(jitted, self._n_kept(treedef, mask), quiet)
+
     def _n_kept(self, treedef: Any, mask: tuple[bool, ...]) -> int:
-        """How many dynamic leaves (at the front) are not donated."""
+        """How many array leaves (at the front) are not donated: `fn`'s and the first
+        positional argument's for the `-except-first` modes, else none."""
         if self._donate in ("all", "warn"):
             return 0
         fn_def, args_def, _ = treedef.children()
@@ -164,111 +230,6 @@ class _JitWrapper(TransformedFunction[P, R]):
         if args_def.num_leaves and args_def.children():
             n += args_def.children()[0].num_leaves
         return sum(mask[:n])
-
-    def _miss(
-        self,
-        key: tuple[Any, ...],
-        mask: tuple[bool, ...],
-        static: tuple[Any, ...],
-        dynamic: list[Any],
-    ) -> Any:
-        """Trace, compile and run a new version; publish it once it has run (thread-safe).
-
-        The lock is held only to find or add the pending version, never while tracing, so
-        threads tracing functions that call each other cannot deadlock; threads running the
-        same pending `jax.jit` meanwhile are made to wait by JAX, which traces once.
-        """
-        traces = self._traces
-        with traces.lock:
-            entry = traces.cache.get(key)
-            if entry is None:
-                entry = traces.pending.get(key)
-            first = entry is None
-            if entry is None:
-                entry = traces.pending[key] = self._new_entry(key, mask, static)
-        try:
-            out = entry(dynamic)
-        except BaseException as e:
-            if first:  # not published: the next call traces again
-                with traces.lock:
-                    del traces.pending[key]
-                    if key not in traces.cache:
-                        traces.lowerable.pop(key, None)
-            if isinstance(e, jax.errors.JaxRuntimeError):
-                _raise_check_error(e)
-            raise
-        if first:
-            with traces.lock:
-                del traces.pending[key]
-                traces.publish(key, entry, self._name)
-        return unpack_output(out)
-
-    def _new_entry(
-        self, key: tuple[Any, ...], mask: tuple[bool, ...], static: tuple[Any, ...]
-    ) -> Callable[[list[Any]], Any]:
-        treedef = key[0]
-        inner = self._make_inner(treedef, mask, static)
-        if self._donate == "none":
-            jitted = jax.jit(inner)
-            entry: Callable[[list[Any]], Any] = jitted
-            self._traces.lowerable[key] = (jitted, None)
-        else:
-            k = self._n_kept(treedef, mask)
-
-            def donating(keep: list[Any], donated: list[Any]) -> Any:
-                return inner(keep + donated)
-
-            jitted = jax.jit(_named(donating, self._name), donate_argnums=1)
-            if self._donate in ("all", "all-except-first"):
-
-                def entry(dynamic: list[Any]) -> Any:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
-                        return jitted(dynamic[:k], dynamic[k:])
-            else:
-
-                def entry(dynamic: list[Any]) -> Any:
-                    return jitted(dynamic[:k], dynamic[k:])
-
-            self._traces.lowerable[key] = (jitted, k)
-        return entry
-
-    def _make_inner(
-        self, treedef: Any, mask: tuple[bool, ...], static: tuple[Any, ...]
-    ) -> Callable[..., Any]:
-        # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
-        # would keep the wrapper, or the module's arrays, alive as long as the cache.
-        call, name, flag = self._call_fn, self._name, self._explain_flag
-        count = self._traces.count_for(treedef.children()[0])
-        plain_fn = self._fn if call is None and self._fn_tree is None else None
-        code = call if call is not None else plain_fn
-        remake = self._remake
-        if remake is not None:  # `fn` wraps the shared target: rebuild it from the target
-            code = self._target
-        get_code = _reference(code, self._weak)
-        if remake is not None:
-            get_target = get_code
-
-            def get_code() -> Any:
-                return remake(get_target())
-
-        calls_tree, calls_method = call is None and plain_fn is None, call is not None
-        del call, plain_fn, code  # `inner` must not hold them (see `_reference`)
-
-        def inner(dynamic: list[Any]) -> Any:
-            count.record(
-                name, flag, lambda: (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
-            )
-            fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
-            if calls_tree:
-                out = fn_tree(*args, **kwargs)
-            elif calls_method:
-                out = get_code()(fn_tree, *args, **kwargs)
-            else:
-                out = get_code()(*args, **kwargs)
-            return pack_output(out, held=True)
-
-        return _named(inner, name)
 
     def lower(self, /, *args: P.args, **kwargs: P.kwargs) -> Lowered[P, R]:
         """Trace and lower for these arguments, for ahead-of-time compilation.
@@ -278,20 +239,22 @@ class _JitWrapper(TransformedFunction[P, R]):
             structure, array shapes and static values.
         """
         leaves, treedef = _flatten((self._fn_tree, args, kwargs))
-        key, mask, static = signature_key(leaves, treedef)
+        key, mask, static = call_key(leaves, treedef)
         try:
-            found = key in self._traces.lowerable
+            version = self._versions.get(key)
         except TypeError:
             self._raise_unhashable(args, kwargs)
             raise
-        if not found:
-            with self._traces.lock:
-                if key not in self._traces.lowerable:
-                    self._traces.publish(key, self._new_entry(key, mask, static), self._name)
-        jitted, k = self._traces.lowerable[key]
+        if version is None:
+            key, version, _ = self._version_for(key, mask, static)
         dynamic = list(compress(leaves, mask))
-        parts = (dynamic,) if k is None else (dynamic[:k], dynamic[k:])
-        lowered = Lowered(jitted.lower(*parts), self, key, k)
+        if isinstance(version, _Donating):
+            k: int | None = version.kept
+            lowered_jax = version.jitted.lower(dynamic[: version.kept], dynamic[version.kept :])
+        else:
+            k = None
+            lowered_jax = version.lower(dynamic)  # type: ignore[attr-defined]
+        lowered = Lowered(lowered_jax, self, key, k)
         # What `save_compiled` records: the arguments as the trace saw them.
         lowered._signature = (treedef, mask, static, tuple(aval_of(x) for x in dynamic))
         return lowered
@@ -300,9 +263,7 @@ class _JitWrapper(TransformedFunction[P, R]):
 class Lowered(Generic[P, R]):
     """The result of `filter_jit(f).lower(*args)`: call `.compile()`; `.as_text()` shows it."""
 
-    def __init__(
-        self, lowered: Any, wrapper: _JitWrapper[P, R], key: tuple[Any, ...], k: int | None
-    ) -> None:
+    def __init__(self, lowered: Any, wrapper: JitWrapped[P, R], key: Key, k: int | None) -> None:
         self._lowered = lowered
         self._wrapper = wrapper
         self._key = key
@@ -337,9 +298,7 @@ class Lowered(Generic[P, R]):
 class Compiled(Generic[P, R]):
     """An ahead-of-time compiled `filter_jit` function, callable like the original."""
 
-    def __init__(
-        self, compiled: Any, wrapper: _JitWrapper[P, R], key: tuple[Any, ...], k: int | None
-    ) -> None:
+    def __init__(self, compiled: Any, wrapper: JitWrapped[P, R], key: Key, k: int | None) -> None:
         self._compiled = compiled
         self._wrapper = wrapper
         self._key = key
@@ -349,7 +308,7 @@ class Compiled(Generic[P, R]):
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         wrapper = self._wrapper
         leaves, treedef = _flatten((wrapper._fn_tree, args, kwargs))
-        key, mask, _ = signature_key(leaves, treedef)
+        key, mask, _ = call_key(leaves, treedef)
         if key != self._key:
             raise TypeError(
                 f"This compiled version of {wrapper._name} was lowered for arguments with a "
@@ -372,13 +331,13 @@ class Compiled(Generic[P, R]):
 @overload
 def filter_jit(
     fun: Callable[P, R], *, donate: Donate = "none", explain_retraces: bool | None = None
-) -> _JitWrapper[P, R]: ...
+) -> JitWrapped[P, R]: ...
 
 
 @overload
 def filter_jit(
     fun: None = None, *, donate: Donate = "none", explain_retraces: bool | None = None
-) -> Callable[[Callable[P, R]], _JitWrapper[P, R]]: ...
+) -> Callable[[Callable[P, R]], JitWrapped[P, R]]: ...
 
 
 def filter_jit(
@@ -386,7 +345,7 @@ def filter_jit(
     *,
     donate: Donate = "none",
     explain_retraces: bool | None = None,
-) -> _JitWrapper[P, R] | Callable[[Callable[P, R]], _JitWrapper[P, R]]:
+) -> JitWrapped[P, R] | Callable[[Callable[P, R]], JitWrapped[P, R]]:
     """Compile a function with `jax.jit`, tracing its arrays and treating everything else as static.
 
     JAX and NumPy arrays anywhere in the arguments (positional or keyword, nested in modules,
@@ -435,4 +394,4 @@ def filter_jit(
             f"{type(fun).__name__}. As a decorator with options, write "
             "`@filter_jit(donate=...)`."
         )
-    return _JitWrapper(fun, donate, explain_retraces)
+    return JitWrapped(fun, donate, explain_retraces)

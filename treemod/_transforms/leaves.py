@@ -16,32 +16,6 @@ import jax.tree_util as jtu
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 
-class _Kinds(dict[tuple[type, ...], tuple[int, tuple[bool, ...], tuple[bool, ...]]]):
-    """Maps a tuple of leaf types to `(sig_id, mask, negated_mask)`.
-
-    `sig_id` names the tuple with array types erased, so two calls share a compiled version
-    exactly when their static leaves have the same types (1 and 1.0 are different) while NumPy
-    and JAX arrays are interchangeable.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sig_ids: dict[tuple[Any, ...], int] = {}
-
-    def __missing__(
-        self, leaf_types: tuple[type, ...]
-    ) -> tuple[int, tuple[bool, ...], tuple[bool, ...]]:
-        mask = tuple(IS_ARRAY_TYPE[t] for t in leaf_types)
-        sig = tuple(None if m else t for m, t in zip(mask, leaf_types, strict=True))
-        sig_id = self.sig_ids.setdefault(sig, len(self.sig_ids))
-        value = (sig_id, mask, tuple(not m for m in mask))
-        self[leaf_types] = value
-        return value
-
-
-KINDS = _Kinds()
-
-
 def is_abstract_array(x: Any) -> bool:
     """Whether `x` is an array or a `jax.ShapeDtypeStruct` standing for one."""
     return IS_ARRAY_TYPE[type(x)] or isinstance(x, jax.ShapeDtypeStruct)

@@ -30,9 +30,10 @@ class TransformedFunction(Generic[P, R]):
     checker sees `filter_jit(f)(x)` as a call of `f`.
     """
 
-    # For `filter_jit`: a subclass names the attribute holding the wrapped callable and those
-    # holding its options; then `filter_jit` wrappers of equal wrappers of one function (say
-    # `filter_jit(filter_grad(f))` written twice) share compiled versions (`share_spec`).
+    # For `filter_jit`: a subclass whose `__init__` takes `(fun, *options)` names the
+    # attribute holding `fun` and those holding the options, in that order; then `filter_jit`
+    # wrappers of equal wrappers of one function (say `filter_jit(filter_grad(f))` written
+    # twice) share compiled versions (`share_spec`, `jit_sharing.py`).
     _tm_share_fields: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -40,16 +41,16 @@ class TransformedFunction(Generic[P, R]):
 
     def share_spec(self) -> tuple[Any, tuple[Any, ...], Callable[[Any], Any]] | None:
         """`(wrapped, options, rewrap)`: what this wrapper wraps, its options (with its class),
-        and how to make the same wrapper around another callable; `None` if not shareable.
-        `rewrap` holds no reference to `wrapped` (filter_jit keeps it with its versions)."""
+        and `rewrap(g)`, the same wrapper around `g` (`type(self)(g, *options)`); `None` if
+        not shareable. `rewrap` holds no reference to `wrapped` (filter_jit keeps it with its
+        versions)."""
         fields = type(self)._tm_share_fields
         if fields is None:
             return None
         inner_attr, option_attrs = fields
-        inner = getattr(self, inner_attr)
-        options = (type(self), *(getattr(self, a) for a in option_attrs))
-        state = {k: v for k, v in vars(self).items() if v is not inner}
-        return inner, options, functools.partial(_rewrap, type(self), state, inner_attr)
+        values = tuple(getattr(self, a) for a in option_attrs)
+        rewrap = functools.partial(_rewrap, type(self), values)
+        return getattr(self, inner_attr), (type(self), *values), rewrap
 
     def _wraps(self, fun: Any) -> None:
         # A wrapper of a named wrapper (`@filter_jit` over `@filter_grad`, or `filter_hessian`,
@@ -117,12 +118,8 @@ def reduce_by_name(obj: Any) -> str:
     return qualname  # pickle's global lookup: `module.qualname`, checked to be `obj`
 
 
-def _rewrap(cls: type, state: dict[str, Any], inner_attr: str, inner: Any) -> Any:
-    new: Any = object.__new__(cls)
-    vars(new).update(state)
-    setattr(new, inner_attr, inner)
-    new.__wrapped__ = inner
-    return new
+def _rewrap(cls: type, options: tuple[Any, ...], inner: Any) -> Any:
+    return cls(inner, *options)
 
 
 def _unpicklable(reason: str) -> pickle.PicklingError:

@@ -142,4 +142,4 @@ def _apply_rows(
 
 
 _eager_apply = filter_jit(_apply_rows, explain_retraces=False)
-_eager_apply._traces.warn_at = None  # one cache for every layer: many versions are expected
+_eager_apply.cache.expect_many_versions()  # one cache for every layer configuration

@@ -1,0 +1,201 @@
+"""Which `filter_jit` wrappers share one `JitCache`, and what their traces call.
+
+`filter_jit(f)(x)` written inline makes a new wrapper per call; it must not compile again.
+So wrappers of the same function share one `JitCache` per set of options, found in `_SHARED`,
+keyed weakly on:
+
+- a plain Python function (or an object whose class sets `__tm_shareable__`): itself;
+- a transform wrapper of one (`filter_jit(filter_grad(f))`, declared by the wrapper class's
+  `_tm_share_fields`): the function inside, the wrappers' classes and options added to the
+  cache's options;
+- a method bound to a module: its function (the module's arrays are traced like arguments,
+  its static fields are in the key);
+- a module: its class.
+
+A function whose closure cells hold other objects than when its cache was made gets a new
+cache (`closure_of`): `scale = 5.0` between two `filter_jit(f)(x)` must not run the program
+built for the old `scale`. Cells the function assigns itself (a `nonlocal` counter: its state,
+not its configuration) are left out, as reusing one wrapper would; telling them apart takes
+the bytecode (`STORE_DEREF`), read once per code object. Anything else keeps a cache of its own.
+
+The traced function must not hold the shared function strongly (the cache is keyed weakly on
+it: a strong reference would keep both alive forever), so `share` returns a caller holding a
+weak reference, rebuilding any transform wrappers around the function at trace time.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from treemod._transforms.jit_cache import JitCache
+
+__all__ = ["all_shared_caches", "closure_of", "share", "share_target"]
+
+Caller = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+"""What a trace calls: `caller(fn_tree, args, kwargs)` returns the function's output."""
+
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], JitCache]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def share(
+    fn: Any, fn_tree: Any, call: Callable[..., Any] | None, options: tuple[Any, ...]
+) -> tuple[JitCache, Caller]:
+    """The cache a new `filter_jit` wrapper of `fn` uses, and what its traces call.
+
+    Arguments:
+        fn: the wrapped callable.
+        fn_tree: its pytree part (a module, or the module a method is bound to), or `None`.
+        call: the method's function when `fn` is a bound method of `fn_tree`, else `None`.
+        options: the wrapper's options (`donate`, `explain_retraces`).
+
+    Returns:
+        `(cache, caller)`: a shared or a new `JitCache`, and `caller(fn_tree, args, kwargs)`.
+    """
+    if call is None and fn_tree is not None:  # a module: its class lives as long as it does
+        return _shared(type(fn_tree), options, ()), _call_tree
+    remake = None
+    closure: tuple[Any, ...] = ()
+    if call is not None:
+        target: Any = call
+    else:
+        found = share_target(fn)
+        if found is None:
+            return JitCache(), functools.partial(_call_function, lambda: fn, None)
+        target, closure, variant, remake = found
+        options += (variant,)
+    try:
+        ref = weakref.ref(target)
+        cache = _shared(target, options, closure)
+    except TypeError:  # not weakly referenceable: a cache of its own
+        if call is not None:
+            return JitCache(), functools.partial(_call_method, lambda: call)
+        return JitCache(), functools.partial(_call_function, lambda: fn, None)
+    if call is not None:
+        return cache, functools.partial(_call_method, ref)
+    return cache, functools.partial(_call_function, ref, remake)
+
+
+def _call_tree(fn_tree: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return fn_tree(*args, **kwargs)
+
+
+def _call_method(
+    get: Callable[[], Any], fn_tree: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    return get()(fn_tree, *args, **kwargs)
+
+
+def _call_function(
+    get: Callable[[], Any],
+    remake: Callable[[Any], Any] | None,
+    fn_tree: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    fn = get() if remake is None else remake(get())
+    return fn(*args, **kwargs)
+
+
+def _shared(target: Any, options: tuple[Any, ...], closure: tuple[Any, ...]) -> JitCache:
+    per_target = _SHARED.setdefault(target, {})
+    cache = per_target.get(options)
+    if cache is None or not _same_objects(cache.closure, closure):
+        cache = per_target[options] = JitCache(closure=closure)
+    return cache
+
+
+def all_shared_caches() -> Iterator[JitCache]:
+    """Every shared `JitCache` alive (for `treemod.clear_caches`)."""
+    for per_target in list(_SHARED.values()):
+        yield from list(per_target.values())
+
+
+def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def share_target(fn: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], Any] | None:
+    """How `filter_jit` wrappers of the plain callable `fn` share versions, or `None`.
+
+    Returns `(target, closure, variant, remake)`: the function to key on weakly (the one
+    inside any transform wrappers such as `filter_grad(f)`, found by their `share_spec`), its
+    closure, the wrappers' options (part of the key), and `remake(target)` rebuilding `fn` from
+    the target (`None` when `fn` is the target), for the trace to call without holding `fn`.
+    """
+    variant: tuple[Any, ...] = ()
+    rewraps: list[Callable[[Any], Any]] = []
+    while not _shareable(fn):
+        found = fn.share_spec() if getattr(type(fn), "_tm_share_fields", None) else None
+        if found is None:
+            return None
+        fn, options, rewrap = found
+        try:
+            hash(options)
+        except TypeError:  # an unhashable option (a dict in_axes): this wrapper shares nothing
+            return None
+        variant += (options,)
+        rewraps.append(rewrap)
+    remake = functools.partial(_remake, tuple(reversed(rewraps))) if rewraps else None
+    return fn, closure_of(fn), variant, remake
+
+
+def _remake(rewraps: tuple[Callable[[Any], Any], ...], target: Any) -> Any:
+    for rewrap in rewraps:
+        target = rewrap(target)
+    return target
+
+
+def _shareable(fn: Any) -> bool:
+    """A Python function, or an object whose class says it is one function for good
+    (`__tm_shareable__`, as `filter_custom_vjp` does), shared by identity."""
+    return type(fn) is types.FunctionType or getattr(type(fn), "__tm_shareable__", False)
+
+
+_EMPTY_CELL = object()
+_SELF = object()
+_OWNED = object()
+
+
+def closure_of(fn: Any) -> tuple[Any, ...]:
+    """What `fn`'s closure cells hold now (itself replaced by a marker, to avoid a cycle),
+    with the cells `fn` assigns itself replaced by a marker (see the module docstring).
+
+    Example:
+        >>> def make(scale):
+        ...     return lambda x: x * scale
+        >>> closure_of(make(2.0))
+        (2.0,)
+    """
+    cells = getattr(fn, "__closure__", None)
+    if not cells:
+        return ()
+    owned = _assigned_cells(fn.__code__)
+    out = []
+    for i, cell in enumerate(cells):
+        if i in owned:
+            out.append(_OWNED)
+            continue
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            value = _EMPTY_CELL
+        out.append(_SELF if value is fn else value)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _assigned_cells(code: types.CodeType) -> frozenset[int]:
+    """The positions in `co_freevars` (so in `__closure__`) of the cells `code` assigns."""
+    stored = {
+        ins.argval
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("STORE_DEREF", "DELETE_DEREF")
+    }
+    return frozenset(i for i, name in enumerate(code.co_freevars) if name in stored)
