@@ -65,8 +65,6 @@ from treemod._transforms.vmap import filter_vmap
 # and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.
 from treemod._shapecheck.checker import shapecheck
 from treemod._shapecheck.config import (
-    ShapeCheckerError,
-    set_shape_checks,
     shape_checks,
     shape_checks_enabled,
 )
@@ -180,8 +178,6 @@ __all__ = [
     "save_compiled",
     # Shape checks.
     "ShapeCheckError",
-    "ShapeCheckerError",
-    "set_shape_checks",
     "shape_checks",
     "shape_checks_enabled",
     "shapecheck",

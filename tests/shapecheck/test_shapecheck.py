@@ -413,7 +413,7 @@ def test_good_calls_under_transforms():
 
 
 def test_checks_off_globally_and_in_a_block():
-    tm.set_shape_checks(False)
+    tm.shape_checks(False)
     assert not tm.shape_checks_enabled()
     Linear(jnp.zeros((2, 3)), jnp.zeros(5))  # not checked
     with tm.shape_checks(True):
@@ -421,7 +421,7 @@ def test_checks_off_globally_and_in_a_block():
         with pytest.raises(tm.ShapeCheckError):
             Linear(jnp.zeros((2, 3)), jnp.zeros(5))
     assert not tm.shape_checks_enabled()
-    tm.set_shape_checks(True)
+    tm.shape_checks(True)
     with tm.shape_checks(False):
         Linear(jnp.zeros((2, 3)), jnp.zeros(5))
         assert lin(2, 3)(jnp.ones(3)).shape == (2,)
@@ -458,12 +458,76 @@ def test_shapecheck_decorator_rejects_non_modules():
 
 def test_switch_arguments_are_validated():
     with pytest.raises(TypeError, match="takes True or False"):
-        tm.set_shape_checks("yes")  # type: ignore[arg-type]
+        tm.shape_checks("yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="Unknown shape checker 'mypy'"):
-        tm.set_shape_checks(True, checker="mypy")
+        tm.shape_checks(True, checker="mypy")
     with pytest.raises(ValueError, match="Unknown shape checker"):
         with tm.shape_checks(True, checker="pyright"):
             pass
+
+
+def test_a_call_switches_from_now_on_and_a_block_only_inside():
+    from treemod._shapecheck.config import current
+
+    tm.shape_checks(False)
+    with tm.shape_checks(True):
+        assert current()[0] is True
+        tm.shape_checks(False)  # the global setting; the block's own still holds here
+        assert tm.shape_checks_enabled()
+    assert not tm.shape_checks_enabled()
+    tm.shape_checks(True)
+    block = tm.shape_checks(False)
+    with block:
+        assert not tm.shape_checks_enabled()
+    assert tm.shape_checks_enabled()  # the call that made the block changed nothing after it
+    with pytest.raises(RuntimeError, match="can be entered once"):
+        with block:
+            pass
+
+
+def test_a_block_is_local_to_its_thread_and_a_call_is_global():
+    import threading
+
+    seen: list[bool] = []
+
+    def other_thread() -> None:
+        seen.append(tm.shape_checks_enabled())
+        try:
+            Linear(jnp.zeros((2, 3)), jnp.zeros(5))
+        except tm.ShapeCheckError:
+            seen.append(True)
+        else:
+            seen.append(False)
+
+    tm.shape_checks(True)
+    with tm.shape_checks(False):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert seen == [True, True]  # the block did not reach the other thread
+    seen.clear()
+    tm.shape_checks(False)
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    tm.shape_checks(True)
+    assert seen == [False, False]  # the call did
+
+
+def test_a_forced_function_wins_over_an_enclosing_block_and_a_block_inside_it_wins():
+    @tm.shapecheck
+    def build(weight: Float[Array, "o i"]) -> Any:
+        return Linear(weight, jnp.zeros(5))  # bias does not match: checked in here
+
+    @tm.shapecheck
+    def build_unchecked(weight: Float[Array, "o i"]) -> Any:
+        with tm.shape_checks(False):
+            return Linear(weight, jnp.zeros(5))
+
+    with tm.shape_checks(False):
+        with pytest.raises(tm.ShapeCheckError, match=r"Linear\.bias"):
+            build(jnp.zeros((2, 3)))
+        assert build_unchecked(jnp.zeros((2, 3))).bias.shape == (5,)
 
 
 def test_default_is_on():
@@ -475,7 +539,7 @@ def test_default_is_on():
     assert os.environ.get("TREEMOD_SHAPE_CHECKS") in (None, "1")
     assert os.environ.get("JAXTYPING_DISABLE", "0") == "0"
     assert _env_enabled() is True
-    assert _env_checker() in ("typeguard", "beartype")
+    assert _env_checker() == "auto"  # typeguard 2.13 if installed, else beartype, else none
 
 
 def test_environment_variable(monkeypatch):

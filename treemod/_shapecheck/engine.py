@@ -21,13 +21,8 @@ from treemod._format.describe import describe_value
 from treemod._private_apis import get_shape_memo, pop_shape_memo, push_shape_memo
 from treemod._shapecheck.annotations import display_name, is_array_annotation
 from treemod._shapecheck.array_checker import cacheable_fields, call_key, remember, return_key
-from treemod._shapecheck.config import (
-    BACKENDS,
-    OVERRIDE,
-    current,
-    enabled_for,
-    ensure_checker,
-)
+from treemod._shapecheck.backends import BACKENDS, INSTALL, ensure_checker
+from treemod._shapecheck.config import OVERRIDE, current, enabled_for
 from treemod._shapecheck.fields import field_spec
 from treemod._shapecheck.spec import CallSpec, Entry, analyse_call
 from treemod._tree.module_info import is_module_class
@@ -62,13 +57,13 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
         ...     Affine(jnp.zeros((64, 32)), jnp.zeros(32))
         ... except tm.ShapeCheckError as e:
         ...     print(e.__notes__[0])
-        Shape checks can be switched off: treemod.set_shape_checks(False) ...
+        Shape checks can be switched off: treemod.shape_checks(False) ...
     """
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.add_note(
-            "Shape checks can be switched off: treemod.set_shape_checks(False) (or "
+            "Shape checks can be switched off: treemod.shape_checks(False) (or "
             "TREEMOD_SHAPE_CHECKS=0), `with treemod.shape_checks(False):` around a block, or "
             "per class with `class Model(treemod.Module, shapecheck=False)`. Classes defined "
             "against treemod.compat.equinox.Module (Equinox code) have them off unless they "
@@ -79,8 +74,15 @@ class ShapeCheckError(jaxtyping.TypeCheckError):
 # ------------------------------------------------------------------------------ checking
 
 
-def _check_value(annotation: Any, value: Any, name: str, checker: str) -> str:
-    """`""` if `value` matches (binding dimensions in the current memo), else a reason."""
+class _NoChecker(Exception):
+    """An annotation needs a runtime type checker and none is installed (see `_check`)."""
+
+
+def _check_value(annotation: Any, value: Any, name: str, checker: str | None) -> str:
+    """`""` if `value` matches (binding dimensions in the current memo), else a reason.
+
+    `checker`: the backend for annotations that are not plain jaxtyping arrays (`None`: none
+    is installed, and `_NoChecker` is raised if one is needed)."""
     if is_array_annotation(annotation):
         reason: str = type(annotation).__instancecheck_str__(annotation, value)
         return reason
@@ -95,6 +97,8 @@ def _check_value(annotation: Any, value: Any, name: str, checker: str) -> str:
         return "; ".join(reasons)
     if annotation is None or annotation is type(None):
         return "" if value is None else "the value is not None"
+    if checker is None:
+        raise _NoChecker
     return BACKENDS[checker](name, value, annotation)
 
 
@@ -117,12 +121,20 @@ def _format_dims(names: list[str], bound: dict[str, str], binders: dict[str, str
 
 
 def _check(
-    entry: Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str
+    entry: Entry, value: Any, where: str, who: str, binders: dict[Any, Any], checker: str | None
 ) -> None:
     if entry.fast is not None and entry.fast(value):
         reason = ""
     else:
-        reason = _check_value(entry.annotation, value, entry.name, checker)
+        try:
+            reason = _check_value(entry.annotation, value, entry.name, checker)
+        except _NoChecker:
+            raise ImportError(
+                f"{where}: checking {entry.text} needs a runtime type checker (it is not a plain "
+                f"jaxtyping array annotation), and none is installed: {INSTALL}. Or turn shape "
+                "checks off for it: treemod.shape_checks(False), or the class option "
+                "shapecheck=False."
+            ) from None
     if not reason:
         # Dimensions bound for the first time were bound by this value.
         single, variadic, _, _ = get_shape_memo()
@@ -156,7 +168,7 @@ def _check_fields_into(
     module: Any,
     spec: tuple[Entry, ...],
     binders: dict[Any, Any],
-    checker: str,
+    checker: str | None,
     strict: bool,
     suffix: str,
 ) -> None:
@@ -172,8 +184,7 @@ def _check_fields_into(
 
 def check_spec(module: Any, spec: tuple[Entry, ...], constructing: bool) -> None:
     """Check `module`'s annotated fields `spec` against each other (`checker.check_fields`)."""
-    checker = current()[1]
-    ensure_checker(checker)
+    checker = ensure_checker(current()[1])
     push_shape_memo(dict(module.__dict__))
     try:
         _check_fields_into(module, spec, {}, checker, constructing, "")
@@ -202,9 +213,9 @@ def run_checked_call(
         owner = None
     if not (force or enabled_for(owner)):
         return fn(*args, **kwargs)
-    checker = current()[1]
-    ensure_checker(checker)
-    token = OVERRIDE.set((True, checker)) if force else None
+    setting = current()[1]
+    checker = ensure_checker(setting)
+    token = OVERRIDE.set((True, setting)) if force else None
     try:
         if spec is False:
             return fn(*args, **kwargs)
@@ -268,7 +279,7 @@ def _call_seen(
     key: Any,
     args: tuple[Any, ...],
     kwargs: dict[Any, Any],
-    checker: str,
+    checker: str | None,
 ) -> Any:
     """Call `fn` whose arguments have this signature and passed their checks before; check
     the return value only if its own signature has not passed with them."""
