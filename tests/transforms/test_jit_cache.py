@@ -398,3 +398,36 @@ def test_a_nan_static_field_reused_compiles_once() -> None:
         assert np.isnan(np.asarray(f(Shift(nan), jnp.zeros(2)))).all()
     assert tm.debug.get_num_traces(f) == 1
 
+
+class _Scaled(tm.Module):
+    """A module whose static dict field configures its program (issue 37)."""
+
+    w: jax.Array
+    config: dict = tm.field(static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.w * x * self.config["scale"] + sum(self.config.get("shifts", []))
+
+
+@pytest.mark.parametrize("as_fn", [False, True], ids=["argument", "callable"])
+def test_a_mutated_static_dict_compiles_the_new_value(as_fn: bool) -> None:
+    """The user edits the same dict object to build the next model: each model runs the
+    program for the values its dict held at the call (NumPy computes the reference)."""
+    config: dict[str, Any] = {"scale": 1.0, "shifts": [0.0]}
+    call = (lambda m, x: tm.filter_jit(m)(x)) if as_fn else tm.filter_jit(lambda m, x: m(x))
+    x = jnp.arange(3.0)
+    for scale, shift in [(1.0, 0.0), (5.0, 0.0), (5.0, 2.0), (1.0, 0.0)]:
+        config["scale"] = scale
+        config["shifts"][0] = shift  # nested in the dict: copied too
+        model = _Scaled(jnp.ones(3), config)
+        np.testing.assert_allclose(call(model, x), np.arange(3.0) * scale + shift)
+
+
+def test_an_unchanged_static_dict_compiles_once() -> None:
+    log: list[Any] = []
+    f = tm.filter_jit(lambda m, x: (log.append(1), m(x))[1])
+    config = {"scale": 2.0}
+    for _ in range(3):
+        np.testing.assert_allclose(f(_Scaled(jnp.ones(2), config), jnp.ones(2)), [2.0, 2.0])
+    f(_Scaled(jnp.ones(2), {"scale": 2.0}), jnp.ones(2))  # an equal dict: the same version
+    assert len(log) == 1 and tm.debug.get_num_traces(f) == 1

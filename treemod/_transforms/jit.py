@@ -29,6 +29,7 @@ from treemod._transforms.jit_cache import (
     Key,
     TraceCount,
     call_key,
+    snapshot_structure,
     static_key,
 )
 from treemod._transforms.jit_sharing import share
@@ -170,6 +171,7 @@ class JitWrapped(TransformedFunction[P, R]):
         self, key: Key, mask: tuple[bool, ...], static: tuple[Any, ...]
     ) -> tuple[Key, Callable[[list[Any]], Any], bool]:
         """`(stored key, version, made)`: the stored version, else a new one, stored."""
+        key = (snapshot_structure(key[0]), key[1], key[2])
         version = self._new_version(key, mask, static)  # cheap: nothing is traced yet
         cache = self._cache
         with cache.lock:
@@ -247,6 +249,8 @@ class JitWrapped(TransformedFunction[P, R]):
             raise
         if version is None:
             key, version, _ = self._version_for(key, mask, static)
+        else:  # the key `Compiled` checks calls against: copied as `JitCache` stores keys
+            key = (snapshot_structure(key[0]), key[1], key[2])
         dynamic = list(compress(leaves, mask))
         if isinstance(version, _Donating):
             k: int | None = version.kept

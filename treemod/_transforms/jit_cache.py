@@ -2,13 +2,14 @@
 
 Start with `JitCache`'s docstring: what a key is made of, when a version is valid, how threads
 share it. `call_key` computes a call's key from its flattened arguments (`KINDS` classifies the
-leaf types once per combination; `static_key` keys floats by their bits). `TraceCount` counts
-traces and remembers what the retrace explainer needs. Which wrappers share one `JitCache` is
-decided in `jit_sharing.py`.
+leaf types once per combination; `static_key` keys floats by their bits; `snapshot_structure`
+copies mutable static values). `TraceCount` counts traces and remembers what the retrace
+explainer needs. Which wrappers share one `JitCache` is decided in `jit_sharing.py`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -17,8 +18,11 @@ from collections.abc import Callable
 from itertools import compress
 from typing import Any
 
+import jax.tree_util as jtu
+
 from treemod._format.retrace import explain, logger
 from treemod._tree.filters import IS_ARRAY_TYPE
+from treemod._tree.module_info import static_field_names
 
 __all__ = [
     "KINDS",
@@ -28,6 +32,7 @@ __all__ = [
     "RecompileWarning",
     "TraceCount",
     "call_key",
+    "snapshot_structure",
     "static_key",
 ]
 
@@ -55,9 +60,11 @@ class JitCache:
       compared with `==`, except floats and complex numbers, compared by their bits (`0.0` and
       `-0.0` differ, a NaN finds its own version). Shapes and dtypes are not in the key: each
       version is one `jax.jit`, whose own cache compiles per shape and dtype.
-    - **Validity.** A version stays valid until dropped: past `MAX_VERSIONS` (the oldest
-      first), by `clear()` (`treemod.clear_caches`), or when the function it was made for is
-      freed.
+    - **Validity.** A stored key holds the values of the call that made it: a static field
+      holding a dict, list or set is copied into the key (`snapshot_structure`), so mutating
+      it later makes the next call miss instead of running the program built for the old
+      value. A version stays valid until dropped: past `MAX_VERSIONS` (the oldest first), by
+      `clear()` (`treemod.clear_caches`), or when the function it was made for is freed.
     - **Threads.** `versions` is read without a lock (the per-call path: one dict lookup under
       the GIL). `lock` guards adding and dropping versions and is never held while tracing, so
       threads tracing functions that call each other cannot deadlock. A new version is added
@@ -69,7 +76,8 @@ class JitCache:
       configuration counts its own traces (`treemod.debug.get_num_traces`).
 
     Why not one `jax.jit` with the key as a static argument: measured as fast (0.94x-0.99x
-    per call), but JAX's cache is not bounded per function.
+    per call), but JAX keeps the first key object it saw, so a mutated dict in a static field
+    would go stale there, and JAX's cache is not bounded per function.
 
     Attributes:
         versions: key -> the compiled callable, called with the list of array leaves.
@@ -215,7 +223,7 @@ KINDS = LeafKinds()
 
 
 def call_key(leaves: list[Any], treedef: Any) -> tuple[Key, tuple[bool, ...], tuple[Any, ...]]:
-    """The key of a call's flattened arguments, its array mask
+    """The key of a call's flattened arguments (before `snapshot_structure`), its array mask
     and its static leaves. `JitWrapped.__call__` inlines this (the per-call path)."""
     sig_id, mask, not_mask, floats = KINDS[tuple(map(type, leaves))]
     static = tuple(compress(leaves, not_mask))
@@ -260,3 +268,79 @@ def static_key(static: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any
         x = key[i]
         key[i] = _pack_float(x) if isinstance(x, float) else _pack_complex(x.real, x.imag)
     return tuple(key)
+
+
+_MUTABLE = (dict, list, set, bytearray)
+
+
+def _holds_mutable(value: Any) -> bool:
+    if isinstance(value, _MUTABLE):
+        return True
+    return type(value) is tuple and any(map(_holds_mutable, value))
+
+
+def _copied(value: Any) -> Any:
+    """`value` with its dicts, lists and sets (nested in each other or in tuples) copied."""
+    if isinstance(value, dict):
+        return type(value)({k: _copied(v) for k, v in value.items()})
+    if isinstance(value, list | tuple) and type(value) in (list, tuple):
+        return type(value)(map(_copied, value))
+    if isinstance(value, set | bytearray):
+        return value.copy()
+    return value
+
+
+def _mutable_static(treedef: Any) -> bool:
+    data = treedef.node_data()
+    if data is not None and static_field_names(data[0]) and _holds_mutable(data[1]):
+        return True
+    return any(map(_mutable_static, treedef.children()))
+
+
+class _Hole:
+    __slots__ = ()
+
+
+_HOLE = _Hole()
+
+
+def snapshot_structure(treedef: Any) -> Any:
+    """`treedef`, with the mutable static field values of its modules copied (issue 37).
+
+    A module's static fields are in its tree structure, which compares them with `==`. A key
+    holding the user's dict itself would compare equal to that dict after it is mutated, and
+    the next call would run the program built for the old value. Called once per new
+    version (never per call): with no dict, list or set in a static field, `treedef` itself.
+
+    Arguments:
+        treedef: the structure of a call's `(fn_tree, args, kwargs)`.
+
+    Returns:
+        An equal structure that no later mutation changes.
+    """
+    if not _mutable_static(treedef):
+        return treedef
+    tree = treedef.unflatten([_HOLE] * treedef.num_leaves)  # new nodes: ours to change
+    _copy_static_fields(tree)
+    return jtu.tree_structure(tree)
+
+
+def _copy_static_fields(tree: Any) -> None:
+    """Copy, in place, the mutable static values of every module in `tree` (fresh nodes)."""
+    for node in jtu.tree_flatten(tree, is_leaf=_has_static_fields)[0]:
+        if node is _HOLE:
+            continue
+        fields: dict[str, Any] = node.__dict__
+        for name in static_field_names(type(node)):
+            if _holds_mutable(fields[name]):
+                fields[name] = _copied(fields[name])
+        for child in jtu.tree_flatten(node, is_leaf=functools.partial(_is_not, node))[0]:
+            _copy_static_fields(child)
+
+
+def _is_not(node: Any, x: Any) -> bool:
+    return x is not node
+
+
+def _has_static_fields(x: Any) -> bool:
+    return bool(static_field_names(type(x)))
