@@ -21,13 +21,8 @@ from treemod._tree.tree_equal import tree_equal
 from treemod._tree.check import tree_check, tree_flatten_one_level
 
 # The Module core.
-from treemod._module.module import (
-    AbstractClassVar,
-    AbstractVar,
-    FrozenModuleError,
-    Module,
-    field,
-)
+from treemod._module.abstract import AbstractClassVar, AbstractVar
+from treemod._module.module import FrozenModuleError, Module, field
 from treemod._module.partial import Partial
 from treemod._module.enumeration import Enumeration
 

@@ -1,4 +1,4 @@
-"""`Module`: a frozen dataclass that is a JAX pytree; `field`, `AbstractVar`, `AbstractClassVar`."""
+"""`Module`: a frozen dataclass that is a JAX pytree, its metaclass `ModuleMeta`; `field`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import copy
 import dataclasses
 import importlib
 import inspect
-import re
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, dataclass_transform
+from typing import Any, dataclass_transform
 
 import jax.tree_util as jtu
 
 from treemod._format.pretty import tree_pformat
+from treemod._module.abstract import abstract_kind
 from treemod._module.construction import (
     SUSPECT_TYPES,
     annotate_converted_arguments,
@@ -30,9 +30,7 @@ from treemod._shapecheck.class_hooks import install_class_checks
 from treemod._tree.module_info import INFO_ATTRIBUTE, ModuleInfo, module_info
 from treemod._tree.tree_equal import tree_equal
 
-__all__ = ["Module", "ModuleMeta", "field", "AbstractVar", "AbstractClassVar", "FrozenModuleError"]
-
-_T = TypeVar("_T")
+__all__ = ["Module", "ModuleMeta", "field", "FrozenModuleError"]
 
 # ids of the modules whose `__init__` is running; only they may set attributes.
 _INITIALISING: set[int] = set()
@@ -104,70 +102,6 @@ def field(
     return dataclasses.field(metadata=metadata, **kwargs)
 
 
-if TYPE_CHECKING:
-    AbstractVar = ClassVar  # type checkers see an attribute declaration
-    AbstractClassVar = ClassVar
-else:
-
-    class AbstractVar(Generic[_T]):
-        """Declare an attribute that concrete subclasses must provide.
-
-        `x: AbstractVar[int]` in an abstract module means every instantiable subclass defines
-        `x`, as a field or as a class attribute. A subclass that does not is abstract: building
-        it raises `TypeError` naming the missing attribute.
-
-        Example:
-            >>> import treemod as tm
-            >>> class Shape(tm.Module):
-            ...     sides: tm.AbstractVar[int]
-            >>> class Triangle(Shape):
-            ...     sides: int = 3
-            >>> Triangle().sides
-            3
-        """
-
-    class AbstractClassVar(Generic[_T]):
-        """Declare a class variable that concrete subclasses must provide.
-
-        `x: AbstractClassVar[int]` means every instantiable subclass defines `x` as a class
-        variable (`x: ClassVar[int] = 3`, or a plain class attribute); providing it as a
-        dataclass field is an error at class creation. A subclass that does not provide it is
-        abstract: building it raises `TypeError` naming the missing attribute.
-
-        Example:
-            >>> from typing import ClassVar
-            >>> import treemod as tm
-            >>> class Codec(tm.Module):
-            ...     extension: tm.AbstractClassVar[str]
-            >>> class Json(Codec):
-            ...     extension: ClassVar[str] = ".json"
-            >>> Json().extension
-            '.json'
-        """
-
-
-_ABSTRACT_VAR = re.compile(r"(^|\.)AbstractVar\[")
-_ABSTRACT_CLASS_VAR = re.compile(r"(^|\.)AbstractClassVar\[")
-
-
-def _abstract_kind(annotation: Any, owner: str = "") -> str | None:
-    """Classify an annotation: "var" (`AbstractVar[...]`), "classvar" (`AbstractClassVar`), None."""
-    if isinstance(annotation, str):
-        if _ABSTRACT_VAR.search(annotation):
-            return "var"
-        return "classvar" if _ABSTRACT_CLASS_VAR.search(annotation) else None
-    if annotation is AbstractVar or annotation is AbstractClassVar:
-        kind = "AbstractVar" if annotation is AbstractVar else "AbstractClassVar"
-        raise TypeError(
-            f"{owner} is annotated with an unsubscripted {kind}; give the attribute's type, "
-            f"as in `{kind}[int]`."
-        )
-    origin = getattr(annotation, "__origin__", None)
-    if origin is AbstractVar:
-        return "var"
-    return "classvar" if origin is AbstractClassVar else None
-
-
 # The class options a `class` statement may give (`class Stack(Module, check_descendants=False)`)
 # besides `shapecheck=`, with the values `Module` has; a subclass that does not give one inherits
 # it from the first class in its MRO that did.
@@ -179,8 +113,7 @@ _CLASS_OPTIONS: dict[str, bool] = {
 
 
 def _inherited_option(cls: type, name: str, default: Any) -> Any:
-    """A class option's value from the first class in `cls`'s MRO (itself excluded) that gave
-    it, as attribute lookup would find it."""
+    """The option from the first class after `cls` in its MRO that gave it (attribute lookup's)."""
     for klass in cls.__mro__[1:]:
         info: ModuleInfo | None = klass.__dict__.get(INFO_ATTRIBUTE)
         if info is not None and name in info.options_given:
@@ -212,7 +145,7 @@ class ModuleMeta(abc.ABCMeta):
         shape_options, field_annotations = install_class_checks(namespace, kwargs)
         options.update(shape_options)
         annotations = dict(namespace.get("__annotations__", {}))
-        kinds = {k: _abstract_kind(v, f"{name}.{k}") for k, v in annotations.items()}
+        kinds = {k: abstract_kind(v, f"{name}.{k}") for k, v in annotations.items()}
         own_abstract = {k for k, kind in kinds.items() if kind is not None}
         for k in own_abstract:
             if k in namespace:
@@ -307,8 +240,7 @@ class ModuleMeta(abc.ABCMeta):
         return cls
 
     def __call__(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        # The record is read once per construction, as an attribute (the accessor's cost is
-        # measurable here); `module_info` is the way everywhere else.
+        # `module_info(cls)` without the call (measurable here); the accessor everywhere else.
         info: ModuleInfo = cls.__treemod_info__
         if info.abstract_vars or cls.__abstractmethods__:
             _raise_abstract(cls)
@@ -423,6 +355,16 @@ class Module(metaclass=ModuleMeta):
 
     `==` is `tree_equal`; `hash` works when every leaf is hashable; `pickle`, `copy.copy` and
     `copy.deepcopy` round-trip.
+
+    Class options, keywords of the `class` statement (a subclass that gives none inherits the
+    value of the nearest class in its MRO that did): `shapecheck=` (`True` always checks this
+    class's jaxtyping annotations, `False` never, `None` follows `treemod.shape_checks`);
+    `check_descendants=False` for a module whose arrays carry axes that the annotations of the
+    modules below it do not describe (as `nn.Stack`'s leading layer axis): `tree_at` then does
+    not shape-check the modules it rebuilds below it. `holds_state=True` marks `State`, and
+    `strict_abstract_class_vars=False` gives the compat namespace Equinox's rule for
+    `AbstractClassVar`. The metaclass records them, with the fields, in the class's
+    `ModuleInfo`.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod as tm
