@@ -1,4 +1,4 @@
-"""Checks on the open file objects that `save`, `load` and the Equinox format are given."""
+"""Checks on the open file objects given to `save`, `load` and other formats' readers, writers."""
 
 from __future__ import annotations
 

@@ -272,8 +272,9 @@ def batch_statistics(
 ) -> tuple[Any, Any, Any]:
     """Per-channel mean and biased variance of `x` over `axes` and the mapped `axis_name`.
 
-    Shared by `BatchNorm` and the Equinox compat layer. With `check_count`, fewer than two
-    values per channel (a variance of zero, an unbiased variance of nan) is an error.
+    Shared by `BatchNorm` and compat layers (`treemod/_compat_api.py`). With `check_count`,
+    fewer than two values per channel (a variance of zero, an unbiased variance of nan) is an
+    error.
 
     Returns:
         `(mean, variance, count)`; the count is the number of values per channel.
@@ -322,7 +323,7 @@ def normalise(
 ) -> jax.Array:
     """`(x - mean) / sqrt(var + eps) * weight + bias`, with per-channel statistics and affine.
 
-    Shared by `BatchNorm` and the Equinox compat layer; computes in `x`'s dtype.
+    Shared by `BatchNorm` and compat layers; computes in `x`'s dtype.
     """
     shape = [1] * x.ndim
     shape[channel_axis] = x.shape[channel_axis]

@@ -11,6 +11,7 @@ from treemod import (
     CheckpointError,
     Enumeration,
     FrozenModuleError,
+    JitWrapped,
     LoadedCompiled,
     Partial,
     ShapeCheckError,
@@ -81,6 +82,7 @@ from ._tree import tree_at, tree_equal
 from .nn._inference import tree_inference
 
 __all__ = [
+    "JitWrapped",
     "LoadedCompiled",
     "load_compiled",
     "save_compiled",
