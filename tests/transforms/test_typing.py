@@ -1,4 +1,5 @@
-"""A user's type checker sees through the public transforms (ParamSpec): mypy, through its API.
+"""A user's type checker sees through the public transforms (ParamSpec) and sees every parameter
+of the per-dimension layers (`Conv2d`, ...): mypy, through its API.
 
 Each test writes a small user module into `tmp_path` and runs `mypy.api.run` on it (the
 package's analysis is cached in `.mypy_cache/typing-test`, so reruns are fast). It
@@ -9,50 +10,13 @@ of the wrong type is reported.
 from __future__ import annotations
 
 import re
-import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
+from helpers import mypy_messages, snippet_line
+
 pytestmark = pytest.mark.heavy  # fresh processes or tools
-
-mypy_api = pytest.importorskip("mypy.api")
-
-
-_CACHE = Path(__file__).resolve().parents[2] / ".mypy_cache" / "typing-test"
-
-
-def _mypy(tmp_path: Path, source: str) -> dict[int, str]:
-    """mypy's messages about the snippet, by line number (notes and errors joined)."""
-    # A new module name each run: mypy would skip a module it finds fresh in its cache.
-    path = tmp_path / f"user_code_{uuid.uuid4().hex}.py"
-    path.write_text(textwrap.dedent(source))
-    stdout, stderr, _ = mypy_api.run(
-        [
-            str(path),
-            "--cache-dir",
-            str(_CACHE),
-            "--no-error-summary",
-            "--show-error-codes",
-            "--follow-imports=silent",
-            "--ignore-missing-imports",
-        ]
-    )
-    assert not stderr, stderr
-    found: dict[int, str] = {}
-    for line in stdout.splitlines():
-        match = re.match(rf"{re.escape(str(path))}:(\d+): (.*)", line)
-        if match:
-            n = int(match.group(1))
-            found[n] = (found.get(n, "") + " " + match.group(2)).strip()
-    return found
-
-
-def _line(source: str, marker: str) -> int:
-    """The 1-based line of the snippet holding `# marker`."""
-    lines = textwrap.dedent(source).splitlines()
-    return next(i + 1 for i, text in enumerate(lines) if text.endswith(f"# {marker}"))
 
 
 SNIPPET = """
@@ -95,10 +59,10 @@ SNIPPET = """
 
 
 def test_the_transforms_keep_the_signature_of_the_wrapped_function(tmp_path: Path) -> None:
-    found = _mypy(tmp_path, SNIPPET)
+    found = mypy_messages(tmp_path, SNIPPET)
 
     def at(marker: str) -> str:
-        return found.get(_line(SNIPPET, marker), "")
+        return found.get(snippet_line(SNIPPET, marker), "")
 
     def revealed(marker: str) -> str:
         match = re.search(r'Revealed type is "(?:builtins\.)?([^"]*)"', at(marker))
@@ -118,5 +82,50 @@ def test_the_transforms_keep_the_signature_of_the_wrapped_function(tmp_path: Pat
     for marker in wrong:
         assert "[arg-type]" in at(marker), (marker, found)
     # Nothing else in the snippet is an error: the correct calls type-check.
-    allowed = {_line(SNIPPET, m) for m in wrong}
+    allowed = {snippet_line(SNIPPET, m) for m in wrong}
     assert [text for n, text in found.items() if "error" in text and n not in allowed] == []
+
+
+LAYERS_SNIPPET = """
+    import jax
+    import treemod as tm
+
+    key = jax.random.key(0)
+    tm.nn.Conv2d(3, 8, kernel_size=3, padding="SAME", key=key)  # conv-ok
+    tm.nn.Conv2d("3", 8, kernel_size=3, key=key)  # conv-channels
+    tm.nn.Conv2d(3, 8, kernel_size=3.0, key=key)  # conv-kernel
+    tm.nn.Conv2d(3, 8, kernel_size=3, strides=2, key=key)  # conv-keyword
+    tm.nn.Conv2d(3, 8, kernel_size=3)  # conv-no-key
+    tm.nn.Conv1d(3, 8, 3, use_bias="no", key=key)  # conv1d-bias
+    tm.nn.ConvTranspose3d(3, 8, 3, output_padding="1", key=key)  # conv-transpose
+    tm.nn.MaxPool2d(2, stride=2, channels_last=True)  # pool-ok
+    tm.nn.MaxPool2d(2, dilation="2")  # max-pool-dilation
+    tm.nn.AvgPool1d(2, dilation=2)  # avg-pool-dilation
+    tm.nn.AdaptiveAvgPool2d((1, 1), channels_last="yes")  # adaptive
+    reveal_type(tm.nn.Conv3d.__init__)  # signature
+"""
+
+
+def test_a_type_checker_sees_the_parameters_of_per_dimension_layers(tmp_path: Path) -> None:
+    found = mypy_messages(tmp_path, LAYERS_SNIPPET)
+
+    def at(marker: str) -> str:
+        return found.get(snippet_line(LAYERS_SNIPPET, marker), "")
+
+    assert at("conv-ok") == "" and at("pool-ok") == "", found
+    for marker in ("conv-channels", "conv-kernel", "conv1d-bias", "conv-transpose"):
+        assert "[arg-type]" in at(marker), (marker, found)
+    for marker in ("max-pool-dilation", "adaptive"):
+        assert "[arg-type]" in at(marker), (marker, found)
+    assert 'Unexpected keyword argument "strides"' in at("conv-keyword"), found
+    assert 'Unexpected keyword argument "dilation"' in at("avg-pool-dilation"), found
+    assert 'Missing named argument "key"' in at("conv-no-key"), found
+    # The parameters by name, not `Any`.
+    revealed = at("signature")
+    for name in (
+        "in_channels: int",
+        "kernel_size: int | typing.Sequence[int]",
+        "key: ",
+        "channels_last: bool",
+    ):
+        assert name in revealed, revealed
