@@ -55,7 +55,8 @@ def _leaf_descriptions(
     return [("array", next(it_a)) if m else ("static", next(it_s)) for m in mask]
 
 
-def _paths(treedef: Any, fn_label: str) -> list[str]:
+def leaf_paths(treedef: Any, fn_label: str) -> list[str]:
+    """The path of each leaf of `treedef` as a message shows it (`fn_label` names the root)."""
     try:
         tree = treedef.unflatten([_Hole()] * treedef.num_leaves)
         return [render_path(p, fn_label) for p, _ in jtu.tree_flatten_with_path(tree)[0]]
@@ -175,7 +176,7 @@ def explain(old: Signature, new: Signature, fn_label: str = "self") -> list[str]
         _structure_diff(t0, t1, (), fn_label, lines)
         lines = ["tree structure changed: " + line for line in lines]
         return lines or ["tree structure changed"]
-    paths = _paths(t1, fn_label)
+    paths = leaf_paths(t1, fn_label)
     before = _leaf_descriptions(m0, s0, a0)
     after = _leaf_descriptions(m1, s1, a1)
     lines = []

@@ -27,9 +27,9 @@ from typing import IO, Any
 import jax
 import jax.tree_util as jtu
 
-from treemod._format.retrace import _paths, aval_of, explain
+from treemod._format.retrace import aval_of, explain, leaf_paths
 from treemod._saving.atomic_file import replace_atomically
-from treemod._transforms.jit import _UNUSED_DONATION, Compiled, Lowered
+from treemod._transforms.jit import UNUSED_DONATION, Compiled, Lowered
 from treemod._transforms.jit_cache import static_key
 from treemod._transforms.leaves import unpack_output
 from treemod._tree.filters import IS_ARRAY_TYPE
@@ -198,7 +198,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _static_paths(treedef: Any, mask: tuple[bool, ...]) -> list[str]:
-    return list(compress(_paths(treedef, "fn"), (not m for m in mask)))
+    return list(compress(leaf_paths(treedef, "fn"), (not m for m in mask)))
 
 
 def load_compiled(path: str | os.PathLike[str]) -> LoadedCompiled:
@@ -310,11 +310,11 @@ class LoadedCompiled:
         import warnings
 
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            warnings.filterwarnings("ignore", message=UNUSED_DONATION)
             return unpack_output(self._executable(dynamic[:k], dynamic[k:]))
 
     def _dynamic_paths(self) -> list[str]:
-        return list(compress(_paths(self._treedef, "fn"), self._mask))
+        return list(compress(leaf_paths(self._treedef, "fn"), self._mask))
 
     def _refuse(
         self, treedef: Any, mask: tuple[bool, ...], static: tuple[Any, ...], avals: tuple[Any, ...]

@@ -41,7 +41,7 @@ __all__ = ["Compiled", "JitWrapped", "Lowered", "filter_jit"]
 
 Donate = Literal["all", "all-except-first", "warn", "warn-except-first", "none"]
 _DONATE_MODES = ("all", "all-except-first", "warn", "warn-except-first", "none")
-_UNUSED_DONATION = "Some donated buffers were not usable"
+UNUSED_DONATION = "Some donated buffers were not usable"
 _flatten = jtu.tree_flatten
 
 
@@ -71,7 +71,7 @@ class _Donating:
         if not self.quiet:
             return self.jitted(dynamic[:k], dynamic[k:])
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            warnings.filterwarnings("ignore", message=UNUSED_DONATION)
             return self.jitted(dynamic[:k], dynamic[k:])
 
 
@@ -325,7 +325,7 @@ class Compiled(Generic[P, R]):
         if k is None:
             return unpack_output(self._compiled(dynamic))  # type: ignore[no-any-return]
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            warnings.filterwarnings("ignore", message=UNUSED_DONATION)
             return unpack_output(self._compiled(dynamic[:k], dynamic[k:]))  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
