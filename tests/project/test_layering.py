@@ -180,3 +180,17 @@ def test_module_and_tree_at_import_the_shape_checker_they_use() -> None:
         assert not any(t.startswith("_module/") for t in _imports(path))
         source = path.read_text()
         assert "install_field_checker" not in source and "install_call_checker" not in source
+
+
+def test_no_file_imports_a_private_name_from_another() -> None:
+    """Helpers shared between files have public names in their module (`from x import _y`
+    anywhere in a file, lazy imports included, is refused)."""
+    found = []
+    for path in _files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("treemod"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        rel = path.relative_to(PACKAGE).as_posix()
+                        found.append(f"treemod/{rel}:{node.lineno} imports {alias.name}")
+    assert found == []
