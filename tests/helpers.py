@@ -36,14 +36,35 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def close(ours: Any, theirs: Any, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Assert that two pytrees have one structure, and equal shapes and values at each leaf."""
+def close(
+    ours: Any,
+    theirs: Any,
+    *,
+    rtol: float = 1e-5,
+    atol: float = 2e-5,
+    check_dtype: bool = False,
+    check_structure: bool = True,
+) -> None:
+    """Assert that two pytrees have equal leaf shapes and values (float32 tolerances by default).
+
+    Arguments:
+        ours, theirs: pytrees; leaves may be JAX or NumPy arrays, numbers or PyTorch tensors.
+        rtol, atol: as in `np.testing.assert_allclose`.
+        check_dtype: the leaves' dtypes must be equal too.
+        check_structure: the tree structures must be equal (off: compare the leaves in order,
+            for trees of two libraries' container types).
+    """
     ours_leaves, ours_def = jax.tree_util.tree_flatten(ours)
     theirs_leaves, theirs_def = jax.tree_util.tree_flatten(theirs)
-    assert ours_def == theirs_def, f"tree structures differ: {ours_def} vs {theirs_def}"
+    if check_structure:
+        assert ours_def == theirs_def, f"tree structures differ: {ours_def} vs {theirs_def}"
     for i, (a, b) in enumerate(zip(ours_leaves, theirs_leaves, strict=True)):
         a, b = to_numpy(a), to_numpy(b)
         assert a.shape == b.shape, f"leaf {i}: shape {a.shape} vs {b.shape}"
+        if check_dtype:
+            assert a.dtype == b.dtype, f"leaf {i}: dtype {a.dtype} vs {b.dtype}"
+        if a.dtype.kind not in "biufc":  # bfloat16 and other ml_dtypes: compare as float64
+            a, b = a.astype(np.float64), b.astype(np.float64)
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"leaf {i}")
 
 

@@ -21,6 +21,8 @@ import pytest
 import treemod as tm
 import treemod.compat.equinox as teqx
 
+from helpers import normal
+
 eqx = pytest.importorskip("equinox")
 
 K = jax.random.key(0)
@@ -31,11 +33,6 @@ def _arrays(tree: Any) -> list[Any]:
     return [x for x in jtu.tree_leaves(tree) if isinstance(x, jax.Array)]
 
 
-def _normal(shape: tuple[int, ...], seed: int = 1) -> jax.Array:
-    """Test inputs from NumPy's generator: `jax.random` would compile for every new shape."""
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
-
-
 def _quiet(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Build with deprecation warnings silenced (both libraries warn about deprecated names)."""
     with warnings.catch_warnings():
@@ -44,7 +41,7 @@ def _quiet(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _x3(m: Any) -> Any:
-    return m(_normal((3,)))
+    return m(normal((3,)))
 
 
 # name -> (build(nn), call(layer) -> output)
@@ -82,49 +79,49 @@ CASES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
         lambda nn: nn.Embedding(weight=jnp.arange(12.0).reshape(4, 3)),
         lambda m: m(jnp.array(2)),
     ),
-    "LayerNorm": (lambda nn: nn.LayerNorm(5), lambda m: m(_normal((5,)))),
-    "LayerNorm-shape": (lambda nn: nn.LayerNorm((2, 3), eps=1e-3), lambda m: m(_normal((2, 3)))),
+    "LayerNorm": (lambda nn: nn.LayerNorm(5), lambda m: m(normal((5,)))),
+    "LayerNorm-shape": (lambda nn: nn.LayerNorm((2, 3), eps=1e-3), lambda m: m(normal((2, 3)))),
     "LayerNorm-noweight": (
         lambda nn: nn.LayerNorm(5, use_weight=False),
-        lambda m: m(_normal((5,))),
+        lambda m: m(normal((5,))),
     ),
     "LayerNorm-noaffine": (
         lambda nn: _quiet(nn.LayerNorm, 5, elementwise_affine=False),
-        lambda m: m(_normal((5,))),
+        lambda m: m(normal((5,))),
     ),
-    "GroupNorm": (lambda nn: nn.GroupNorm(2, 4), lambda m: m(_normal((4, 6)))),
+    "GroupNorm": (lambda nn: nn.GroupNorm(2, 4), lambda m: m(normal((4, 6)))),
     "GroupNorm-noaffine": (
         lambda nn: nn.GroupNorm(2, 4, channelwise_affine=False),
-        lambda m: m(_normal((4, 3, 3))),
+        lambda m: m(normal((4, 3, 3))),
     ),
-    "RMSNorm": (lambda nn: nn.RMSNorm(5), lambda m: m(_normal((5,)))),
-    "RMSNorm-nobias": (lambda nn: nn.RMSNorm(5, use_bias=False), lambda m: m(_normal((5,)))),
-    "Dropout": (lambda nn: nn.Dropout(0.3), lambda m: m(_normal((4, 5)), key=X)),
-    "Dropout-inference": (lambda nn: nn.Dropout(0.3, inference=True), lambda m: m(_normal((4,)))),
+    "RMSNorm": (lambda nn: nn.RMSNorm(5), lambda m: m(normal((5,)))),
+    "RMSNorm-nobias": (lambda nn: nn.RMSNorm(5, use_bias=False), lambda m: m(normal((5,)))),
+    "Dropout": (lambda nn: nn.Dropout(0.3), lambda m: m(normal((4, 5)), key=X)),
+    "Dropout-inference": (lambda nn: nn.Dropout(0.3, inference=True), lambda m: m(normal((4,)))),
     "Sequential": (
         lambda nn: nn.Sequential(
             [nn.Linear(3, 4, key=K), nn.Lambda(jax.nn.relu), nn.Dropout(0.5), nn.Identity()]
         ),
-        lambda m: m(_normal((3,)), key=X),
+        lambda m: m(normal((3,)), key=X),
     ),
     "Sequential-slice": (
         lambda nn: nn.Sequential([nn.Linear(3, 4, key=K), nn.Lambda(jnp.tanh)])[1:],
         _x3,
     ),
-    "GRUCell": (lambda nn: nn.GRUCell(3, 4, key=K), lambda m: m(_normal((3,)), _normal((4,), 0))),
+    "GRUCell": (lambda nn: nn.GRUCell(3, 4, key=K), lambda m: m(normal((3,)), normal((4,), 0))),
     "GRUCell-nobias": (
         lambda nn: nn.GRUCell(3, 4, use_bias=False, key=K),
-        lambda m: m(_normal((3,)), _normal((4,), 0)),
+        lambda m: m(normal((3,)), normal((4,), 0)),
     ),
     "LSTMCell": (
         lambda nn: nn.LSTMCell(3, 4, key=K),
-        lambda m: m(_normal((3,)), (_normal((4,), 0), _normal((4,), 1))),
+        lambda m: m(normal((3,)), (normal((4,), 0), normal((4,), 1))),
     ),
     "MultiheadAttention": (
         lambda nn: nn.MultiheadAttention(
             2, 8, key_size=6, value_size=5, output_size=7, qk_size=3, vo_size=4, key=K
         ),
-        lambda m: m(_normal((5, 8)), _normal((6, 6), 0), _normal((6, 5), 0)),
+        lambda m: m(normal((5, 8)), normal((6, 6), 0), normal((6, 5), 0)),
     ),
     "MultiheadAttention-bias": (
         lambda nn: nn.MultiheadAttention(
@@ -136,11 +133,11 @@ CASES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
             use_output_bias=True,
             key=K,
         ),
-        lambda m: m(_normal((5, 8)), _normal((5, 8)), _normal((5, 8))),
+        lambda m: m(normal((5, 8)), normal((5, 8)), normal((5, 8))),
     ),
     "RotaryPositionalEmbedding": (
         lambda nn: nn.RotaryPositionalEmbedding(6, theta=500.0),
-        lambda m: m(_normal((4, 6))),
+        lambda m: m(normal((4, 6))),
     ),
     "WeightNorm": (lambda nn: nn.WeightNorm(nn.Linear(3, 4, key=K)), _x3),
     "WeightNorm-axisNone": (
@@ -199,7 +196,7 @@ def test_gradients_through_filter_jit_match_equinox() -> None:
             ]
         )
 
-    x = _normal((5, 3))
+    x = normal((5, 3))
 
     def loss(model: Any) -> Any:
         return jnp.sum(jax.vmap(model)(x) ** 2)
@@ -212,7 +209,7 @@ def test_gradients_through_filter_jit_match_equinox() -> None:
 
 def test_norm_layers_pass_a_state_through() -> None:
     state = teqx.nn.make_with_state(teqx.nn.BatchNorm)(2, "b", mode="batch")[1]
-    x = _normal((2, 3))
+    x = normal((2, 3))
     for layer in (teqx.nn.LayerNorm((2, 3)), teqx.nn.GroupNorm(1, 2), teqx.nn.RMSNorm((2, 3))):
         y, same = layer(x, state)
         assert same is state
@@ -229,7 +226,7 @@ def test_equinox_conventions_treemod_refuses() -> None:
     for sizes in [(0, 4), (4, 0)]:
         ours, theirs = teqx.nn.Linear(*sizes, key=K), eqx.nn.Linear(*sizes, key=K)
         np.testing.assert_array_equal(ours.weight, theirs.weight)
-        x = _normal((sizes[0],))
+        x = normal((sizes[0],))
         np.testing.assert_array_equal(ours(x), theirs(x))
     weight = jnp.linspace(0.1, 10, 100).reshape(10, 10)
     for index in [-1, -10, 3]:
@@ -255,7 +252,7 @@ def test_rope_frequencies_and_single_head_attention_match_equinox() -> None:
 
     from treemod.compat.equinox.nn import _attention as ours_attention
 
-    q, k, v = _normal((3, 4)), _normal((5, 4), 0), _normal((5, 2), 0)
+    q, k, v = normal((3, 4)), normal((5, 4), 0), normal((5, 2), 0)
     mask = jnp.tril(jnp.ones((3, 5), bool))
     np.testing.assert_allclose(
         ours_attention.dot_product_attention_weights(q, k, mask),
@@ -274,7 +271,7 @@ def test_rope_frequencies_and_single_head_attention_match_equinox() -> None:
 def test_batch_norm_accepts_a_batch_of_one_like_equinox() -> None:
     ours, s1 = teqx.nn.make_with_state(teqx.nn.BatchNorm)(2, "b", mode="batch")
     theirs, s2 = eqx.nn.make_with_state(eqx.nn.BatchNorm)(2, "b", mode="batch")
-    x = _normal((1, 2, 3))
+    x = normal((1, 2, 3))
     run = {"in_axes": (0, None), "out_axes": (0, None), "axis_name": "b"}
     y1, _ = jax.vmap(ours, **run)(x, s1)
     y2, _ = jax.vmap(theirs, **run)(x, s2)
@@ -359,7 +356,7 @@ def test_shared_node_inside_attention_matches_equinox() -> None:
         )
         return nn.Shared((proj, attention), where, get)
 
-    x = _normal((5, 12))
+    x = normal((5, 12))
 
     def loss(shared: Any) -> Any:
         proj, attention = shared()
@@ -390,7 +387,7 @@ def test_tree_at_edits_stacked_layers_as_in_equinox() -> None:
         linears = tree_at(lambda m: m.bias, linears, linears.bias + 1)
         scanned = nn.MLP(2, 3, 8, 4, scan=True, key=X)
         scanned = tree_at(lambda m: m.layers[1].weight, scanned, scanned.layers[1].weight * 2)
-        x = _normal((2,))
+        x = normal((2,))
         return (
             filter_vmap(lambda m: m(x))(ensemble),
             filter_vmap(lambda m: m(x))(linears),

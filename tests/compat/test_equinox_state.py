@@ -6,23 +6,20 @@ both on the same data, and compares outputs, states and tree structures.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 import pytest
 
 import treemod.compat.equinox as teqx
 
+from helpers import close, normal
+
 eqx = pytest.importorskip("equinox")
-
-
-def _normal(shape, seed):
-    """Test inputs from NumPy's generator: `jax.random` would compile for every new shape."""
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
 
 
 def _vmapped(model, state, x):
@@ -30,12 +27,8 @@ def _vmapped(model, state, x):
     return run(x, state)
 
 
-def _close(a, b, atol=1e-6):
-    la, lb = jtu.tree_leaves(a), jtu.tree_leaves(b)
-    assert len(la) == len(lb)
-    for p, q in zip(la, lb, strict=True):
-        assert p.shape == q.shape and p.dtype == q.dtype
-        np.testing.assert_allclose(np.asarray(p, float), np.asarray(q, float), atol=atol)
+# Leaf by leaf (two libraries' State types), equal dtypes, and NumPy's default rtol.
+_close = functools.partial(close, rtol=1e-7, atol=1e-6, check_dtype=True, check_structure=False)
 
 
 def _describe(tree):
@@ -61,13 +54,13 @@ def test_batch_norm_matches_equinox_over_steps(mode, momentum, affine):
     # Same leaves (types, shapes, order): (model, state) save alike in Equinox's format.
     assert _describe((ours, s1)) == _describe((theirs, s2))
     for step in range(3):
-        x = 2.0 * _normal((6, 3, 4), step) + step
+        x = 2.0 * normal((6, 3, 4), step) + step
         y1, s1 = _vmapped(ours, s1, x)
         y2, s2 = _vmapped(theirs, s2, x)
         _close(y1, y2, atol=1e-5)
         _close(s1, s2)
     # Inference: the running statistics (debiased in "batch" mode), no update.
-    x = _normal((5, 3, 4), 9)
+    x = normal((5, 3, 4), 9)
     y1, t1 = _vmapped(teqx.nn.inference_mode(ours), s1, x)
     y2, t2 = _vmapped(eqx.nn.inference_mode(theirs), s2, x)
     _close(y1, y2, atol=1e-5)
@@ -87,7 +80,7 @@ def test_batch_norm_call_time_inference_and_single_example():
 def test_batch_norm_under_filter_jit_filter_vmap_and_grad():
     ours, s1 = teqx.nn.make_with_state(teqx.nn.BatchNorm)(3, "b", mode="batch")
     theirs, s2 = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "b", mode="batch")
-    x = _normal((4, 3, 2), 0)
+    x = normal((4, 3, 2), 0)
 
     def make_loss(lib):
         def loss(model, state, x):
@@ -105,7 +98,7 @@ def test_batch_norm_under_filter_jit_filter_vmap_and_grad():
 
 def test_batch_norm_axis_name_list_and_tuple():
     ours, s1 = teqx.nn.make_with_state(teqx.nn.BatchNorm)(2, ["i", "j"], mode="batch")
-    x = _normal((3, 4, 2, 5), 1)
+    x = normal((3, 4, 2, 5), 1)
     inner = jax.vmap(ours, axis_name="j", in_axes=(0, None), out_axes=(0, None))
     y, _ = jax.vmap(inner, axis_name="i", in_axes=(0, None), out_axes=(0, None))(x, s1)
     # Statistics over both mapped axes and the spatial axis, per channel.
@@ -163,7 +156,7 @@ def test_sequential_threads_state_like_equinox():
     m1, s1 = teqx.nn.make_with_state(build)(teqx)
     m2, s2 = eqx.nn.make_with_state(build)(eqx)
     assert m1.is_stateful() and m2.is_stateful()
-    x = _normal((5, 4), 4)
+    x = normal((5, 4), 4)
     for _ in range(2):
         y1, s1 = _vmapped(m1, s1, x)
         y2, s2 = _vmapped(m2, s2, x)
@@ -185,7 +178,7 @@ def test_spectral_norm_matches_equinox(inference):
     assert _describe((m1, s1)) == _describe((m2, s2))
     if inference:
         m1, m2 = teqx.nn.inference_mode(m1), eqx.nn.inference_mode(m2)
-    x = _normal((5,), 2)
+    x = normal((5,), 2)
     for _ in range(2):
         y1, s1 = m1(x, s1)
         y2, s2 = m2(x, s2)

@@ -15,6 +15,8 @@ from jaxtyping import Array, Float
 import treemod as tm
 import treemod.compat.equinox as teqx
 
+from helpers import normal
+
 eqx = pytest.importorskip("equinox")
 
 KEY = jax.random.key(0)
@@ -80,11 +82,6 @@ def test_integer_inputs_to_normalisation_are_normalised_in_floating_point(name, 
     np.testing.assert_allclose(got, ref, rtol=1e-6)
 
 
-def _normal(shape, seed):
-    """Test inputs from NumPy's generator: `jax.random` would compile for every new shape."""
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
-
-
 def _bernoulli(shape, seed):
     """A random boolean mask (NumPy's generator), True with probability 0.6."""
     return jnp.asarray(np.random.default_rng(seed).random(shape) < 0.6)
@@ -94,8 +91,8 @@ def test_attention_masks_equinox_users_build():
     mha_e = eqx.nn.MultiheadAttention(2, 8, key=KEY)
     mha_t = teqx.nn.MultiheadAttention(2, 8, key=KEY)
     mha_proper = tm.nn.MultiheadAttention(2, 8, key=KEY)
-    q = _normal((5, 8), 1)
-    kv = _normal((7, 8), 2)
+    q = normal((5, 8), 1)
+    kv = normal((7, 8), 2)
     masks = [
         jnp.tril(jnp.ones((5, 7), bool)),
         _bernoulli((5, 7), 3).at[:, 0].set(True),
@@ -127,7 +124,7 @@ def test_attention_masks_equinox_users_build():
 def test_attention_process_heads_and_dropout_keys_match_equinox():
     mha_e = eqx.nn.MultiheadAttention(2, 8, dropout_p=0.4, key=KEY)
     mha_t = teqx.nn.MultiheadAttention(2, 8, dropout_p=0.4, key=KEY)
-    q = _normal((5, 8), 1)
+    q = normal((5, 8), 1)
     rope_e = eqx.nn.RotaryPositionalEmbedding(4)
     rope_t = teqx.nn.RotaryPositionalEmbedding(4)
 

@@ -11,20 +11,14 @@ from hypothesis import strategies as st
 import treemod as tm
 import treemod.nn as nn
 
+from helpers import close, normal
+
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def to_last(a):
     """(N, C, *spatial) -> (N, *spatial, C)."""
     return jnp.moveaxis(a, 1, -1)
-
-
-def rand(seed, *shape):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def close(a, b, atol=2e-5):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=atol)
 
 
 def both(last, first, x):
@@ -58,7 +52,7 @@ def test_conv_channels_last_is_the_transposed_channels_first_conv(case):
     kernel = tuple(range(2, n + 2))
     close(last.weight, jnp.transpose(first.weight, (*kernel, 1, 0)), atol=0)
     assert last.weight.shape == (*first.kernel_size, 2 if case["groups"] == 2 else 4, 6)
-    x = rand(seed, 2, 4, *(7, 6, 5)[:n])
+    x = normal((2, 4, *(7, 6, 5)[:n]), seed)
     close(*both(last, first, x))
 
 
@@ -77,7 +71,7 @@ def test_conv_transpose_channels_last_is_the_transposed_channels_first_one(
     kw = dict(kernel_size=3, stride=stride, padding=padding, output_padding=stride - 1)
     first = nn.ConvTranspose(n, 4, 6, groups=groups, key=key, **kw)
     last = nn.ConvTranspose(n, 4, 6, groups=groups, key=key, channels_last=True, **kw)
-    x = rand(seed, 2, 4, *(5, 4, 3)[:n])
+    x = normal((2, 4, *(5, 4, 3)[:n]), seed)
     close(*both(last, first, x))
 
 
@@ -95,7 +89,7 @@ def test_pools_channels_last_are_the_transposed_channels_first_ones(
     n, pool, kernel_size, stride, padding, use_ceil, seed
 ):
     kw = dict(kernel_size=kernel_size, stride=stride, padding=padding, use_ceil=use_ceil)
-    x = rand(seed, 2, 3, *(7, 6, 5)[:n])
+    x = normal((2, 3, *(7, 6, 5)[:n]), seed)
     close(*both(pool(n, **kw, channels_last=True), pool(n, **kw), x))
 
 
@@ -105,7 +99,7 @@ def test_pools_channels_last_are_the_transposed_channels_first_ones(
 def test_per_dimension_pools_take_channels_last(kind, n):
     """As their `__call__` docs say. Before, the adaptive ones refused `channels_last` (a
     TypeError) and the shape check of every one refused channels-last arrays."""
-    x = rand(n, 2, 3, *(7, 6, 5)[:n])
+    x = normal((2, 3, *(7, 6, 5)[:n]), n)
     pool = getattr(nn, f"{kind}Pool{n}d")
     close(pool(2, channels_last=True)(to_last(x)), to_last(pool(2)(x)))
     layer = getattr(nn, f"Adaptive{kind}Pool{n}d")
@@ -121,7 +115,7 @@ def test_per_dimension_pools_take_channels_last(kind, n):
 @SETTINGS
 @given(spatial=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_batch_norm_channels_last_matches_channels_first(spatial, seed):
-    x = rand(seed, 4, 3, *(5, 4)[:spatial]) * 3 + 1
+    x = normal((4, 3, *(5, 4)[:spatial]), seed) * 3 + 1
     first, last = nn.BatchNorm(3), nn.BatchNorm(3, channels_last=True)
     y_first, first = tm.stateful(first)(x)
     y_last, last = tm.stateful(last)(to_last(x))
@@ -139,7 +133,7 @@ def test_batch_norm_channels_last_matches_channels_first(spatial, seed):
     seed=st.integers(0, 2**16),
 )
 def test_group_norm_channels_last_matches_channels_first(groups, spatial, batched, seed):
-    x = rand(seed, 2, 6, *(4, 3, 2)[:spatial]) * 2 + 1
+    x = normal((2, 6, *(4, 3, 2)[:spatial]), seed) * 2 + 1
     shift = jnp.arange(6.0)
 
     def build(last):
@@ -155,7 +149,7 @@ def test_group_norm_channels_last_matches_channels_first(groups, spatial, batche
 
 
 def test_batch_norm_channels_last_under_vmap_with_an_axis_name():
-    x = rand(0, 6, 5, 4, 3)  # (N, H, W, C)
+    x = normal((6, 5, 4, 3), 0)  # (N, H, W, C)
     mapped = nn.BatchNorm(3, axis_name="batch", channels_last=True)
     batched = nn.BatchNorm(3, channels_last=True)
     out, mapped = jax.vmap(tm.stateful(mapped), axis_name="batch", out_axes=(0, None))(x)
@@ -166,7 +160,7 @@ def test_batch_norm_channels_last_under_vmap_with_an_axis_name():
 
 def test_channels_last_layers_take_any_number_of_batch_dimensions():
     conv = nn.Conv(2, 3, 5, 3, padding=1, channels_last=True, key=jax.random.key(0))
-    x = rand(1, 2, 4, 8, 8, 3)
+    x = normal((2, 4, 8, 8, 3), 1)
     flat = conv(x.reshape(8, 8, 8, 3))
     close(conv(x), flat.reshape(2, 4, 8, 8, 5))
     close(conv(x[0, 0]), flat[0])
@@ -190,7 +184,7 @@ def test_conv2d_channels_last_value_and_gradients_match_torch(case):
         "torch", reason="PyTorch (CPU) is not installed: `pip install -e '.[torch]'` to run it"
     )
     layer = nn.Conv(2, 4, 6, key=jax.random.key(0), channels_last=True, **case)
-    x = rand(1, 2, 11, 9, 4)  # (N, H, W, C)
+    x = normal((2, 11, 9, 4), 1)  # (N, H, W, C)
 
     def loss(layer, x):
         return jnp.sum(jnp.sin(layer(x)))

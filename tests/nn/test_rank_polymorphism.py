@@ -9,13 +9,11 @@ from hypothesis import strategies as st
 
 import treemod.nn as nn
 
+from helpers import normal
+
 K = jax.random.key(0)
 
 batch_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
-
-
-def _rand(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
 
 
 def _vmapped(fn, n_batch, in_axes):
@@ -75,7 +73,7 @@ SINGLE = {
 @given(batch=batch_shapes)
 def test_single_input_layers(name, batch):
     layer, core = SINGLE[name]
-    x = _rand(1, batch + core)
+    x = normal(batch + core, 1)
     got, expected = _both(layer, _vmapped(layer, len(batch), 0), x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -102,7 +100,7 @@ def test_dropout_is_elementwise(batch):
 @given(batch=batch_shapes, masked=st.booleans(), causal=st.booleans())
 def test_multihead_attention(batch, masked, causal):
     mha = nn.MultiheadAttention(2, 4, key_size=3, value_size=5, output_size=6, key=K)
-    q, k, v = _rand(1, batch + (3, 4)), _rand(2, batch + (5, 3)), _rand(3, batch + (5, 5))
+    q, k, v = normal(batch + (3, 4), 1), normal(batch + (5, 3), 2), normal(batch + (5, 5), 3)
     mask = jax.random.bernoulli(jax.random.key(4), 0.6, batch + (3, 5)) if masked else None
 
     def one(q, k, v, m):
@@ -127,7 +125,7 @@ def test_multihead_attention(batch, masked, causal):
 @given(batch=batch_shapes)
 def test_gru_cell(batch):
     cell = nn.GRUCell(3, 4, key=K)
-    x, h = _rand(1, batch + (3,)), _rand(2, batch + (4,))
+    x, h = normal(batch + (3,), 1), normal(batch + (4,), 2)
     got, expected = _both(cell, _vmapped(cell, len(batch), 0), x, h)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -136,7 +134,7 @@ def test_gru_cell(batch):
 @given(batch=batch_shapes)
 def test_lstm_cell(batch):
     cell = nn.LSTMCell(3, 4, key=K)
-    x, h, c = _rand(1, batch + (3,)), _rand(2, batch + (4,)), _rand(3, batch + (4,))
+    x, h, c = normal(batch + (3,), 1), normal(batch + (4,), 2), normal(batch + (4,), 3)
     got, expected = _both(
         lambda x, h, c: cell(x, (h, c)),
         _vmapped(lambda x, h, c: cell(x, (h, c)), len(batch), 0),

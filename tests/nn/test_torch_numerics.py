@@ -10,26 +10,17 @@ import pytest
 import treemod as tm
 import treemod.nn as nn
 
+from helpers import close, normal
+
 torch = pytest.importorskip(
     "torch", reason="PyTorch (CPU) is not installed: `pip install -e '.[torch]'` to run these"
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")
 
-ATOL = 2e-5
-RTOL = 1e-5
-
 
 def t(a):
     return torch.from_numpy(np.array(a, dtype=np.float32))
-
-
-def rand(seed, *shape):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def close(ours, theirs, atol=ATOL):
-    np.testing.assert_allclose(np.asarray(ours), theirs.detach().numpy(), rtol=RTOL, atol=atol)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
@@ -40,7 +31,7 @@ def test_linear(use_bias):
         ref.weight.copy_(t(layer.weight))
         if use_bias:
             ref.bias.copy_(t(layer.bias))
-    x = rand(1, 4, 3, 7)
+    x = normal((4, 3, 7), 1)
     close(layer(x), ref(t(x)))
 
 
@@ -88,7 +79,7 @@ def test_conv2d(case):
         padding_mode=case.get("padding_mode", "zeros").lower(),
     )
     _copy_conv(layer, ref)
-    x = rand(1, 2, 4, 11, 9)
+    x = normal((2, 4, 11, 9), 1)
     close(layer(x), ref(t(x)))
 
 
@@ -114,7 +105,7 @@ def test_conv1d(case):
         groups=case.get("groups", 1),
     )
     _copy_conv(layer, ref)
-    x = rand(1, 3, 4, 20)
+    x = normal((3, 4, 20), 1)
     close(layer(x), ref(t(x)))
 
 
@@ -124,7 +115,7 @@ def test_conv3d():
     )
     ref = torch.nn.Conv3d(2, 4, (3, 2, 3), stride=(1, 2, 1), padding=1)
     _copy_conv(layer, ref)
-    x = rand(1, 2, 2, 5, 6, 7)
+    x = normal((2, 2, 5, 6, 7), 1)
     close(layer(x), ref(t(x)))
 
 
@@ -174,7 +165,7 @@ def _check_conv_transpose(nd, case, x):
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=str)
 def test_conv_transpose2d(case):
-    _check_conv_transpose(2, case, rand(1, 2, 4, 7, 6))
+    _check_conv_transpose(2, case, normal((2, 4, 7, 6), 1))
 
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES[:4], ids=str)
@@ -190,7 +181,7 @@ def test_conv_transpose1d(case):
         dilation=case.get("dilation", 1),
     )
     _copy_transpose(layer, ref, 1)
-    x = rand(1, 3, 4, 9)
+    x = normal((3, 4, 9), 1)
     close(layer(x), ref(t(x)))
 
 
@@ -207,7 +198,7 @@ def test_conv_transpose_same_padding_crops_torch_full_output(
     layer = nn.ConvTranspose1d(
         4, 6, kernel_size, stride, padding, dilation=dilation, key=jax.random.key(0)
     )
-    x = rand(1, 2, 4, 7)
+    x = normal((2, 4, 7), 1)
     full_length = (7 - 1) * stride + dilation * (kernel_size - 1) + 1
     excess = full_length - 7 * stride
     ref = torch.nn.ConvTranspose1d(
@@ -229,7 +220,7 @@ def test_conv_transpose_positional_arguments_follow_torch():
     layer = nn.ConvTranspose2d(4, 6, 3, 2, 1, 1, key=jax.random.key(0))
     ref = torch.nn.ConvTranspose2d(4, 6, 3, 2, 1, 1)
     _copy_transpose(layer, ref, 1)
-    x = rand(1, 2, 4, 5, 6)
+    x = normal((2, 4, 5, 6), 1)
     assert layer(x).shape == (2, 6, 10, 12)
     close(layer(x), ref(t(x)))
 
@@ -255,14 +246,14 @@ def _torch_pool_kwargs(case):
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=str)
 def test_pools_2d(case):
-    x = rand(1, 2, 3, 10, 9)
+    x = normal((2, 3, 10, 9), 1)
     close(nn.MaxPool2d(**case)(x), torch.nn.MaxPool2d(**_torch_pool_kwargs(case))(t(x)))
     close(nn.AvgPool2d(**case)(x), torch.nn.AvgPool2d(**_torch_pool_kwargs(case))(t(x)))
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=str)
 def test_pools_1d(case):
-    x = rand(2, 2, 3, 11)
+    x = normal((2, 3, 11), 2)
     close(nn.MaxPool1d(**case)(x), torch.nn.MaxPool1d(**_torch_pool_kwargs(case))(t(x)))
     close(nn.AvgPool1d(**case)(x), torch.nn.AvgPool1d(**_torch_pool_kwargs(case))(t(x)))
 
@@ -276,7 +267,7 @@ DILATED_POOL_CASES = [
 
 @pytest.mark.parametrize("case", DILATED_POOL_CASES, ids=str)
 def test_dilated_max_pools(case):
-    x = rand(3, 2, 3, 11, 10)
+    x = normal((2, 3, 11, 10), 3)
     theirs = torch.nn.MaxPool2d(**_torch_pool_kwargs(case))(t(x))
     close(nn.MaxPool2d(**case)(x), theirs)
     close(nn.MaxPool(2, **case, channels_last=True)(jnp.moveaxis(x, 1, -1)), theirs.movedim(1, -1))
@@ -290,7 +281,7 @@ def test_dilated_max_pools(case):
     "size,target", [((7, 5), (3, 2)), ((8, 8), (4, 4)), ((5, 9), (1, 1)), ((4, 6), (4, 7))]
 )
 def test_adaptive_avg_pool(size, target):
-    x = rand(3, 2, 3, *size)
+    x = normal((2, 3, *size), 3)
     close(nn.AdaptiveAvgPool2d(target)(x), torch.nn.AdaptiveAvgPool2d(target)(t(x)))
     close(
         nn.AdaptiveAvgPool1d(target[0])(x[..., 0]),
@@ -301,7 +292,7 @@ def test_adaptive_avg_pool(size, target):
 def test_layer_norm():
     ours = nn.LayerNorm((4, 5), eps=1e-5)
     ours = ours.__class__((4, 5))
-    w, b = rand(1, 4, 5), rand(2, 4, 5)
+    w, b = normal((4, 5), 1), normal((4, 5), 2)
     import treemod as tm
 
     ours = tm.tree_at(lambda m: (m.weight, m.bias), ours, (w, b))
@@ -309,7 +300,7 @@ def test_layer_norm():
     with torch.no_grad():
         ref.weight.copy_(t(w))
         ref.bias.copy_(t(b))
-    x = rand(3, 2, 3, 4, 5) * 3.0 + 1.0
+    x = normal((2, 3, 4, 5), 3) * 3.0 + 1.0
     close(ours(x), ref(t(x)))
 
 
@@ -317,13 +308,13 @@ def test_group_norm():
     import treemod as tm
 
     ours = nn.GroupNorm(3, 6, spatial_ndim=2)
-    w, b = rand(1, 6), rand(2, 6)
+    w, b = normal((6,), 1), normal((6,), 2)
     ours = tm.tree_at(lambda m: (m.weight, m.bias), ours, (w, b))
     ref = torch.nn.GroupNorm(3, 6, eps=1e-5)
     with torch.no_grad():
         ref.weight.copy_(t(w))
         ref.bias.copy_(t(b))
-    x = rand(3, 2, 6, 4, 5) * 2.0
+    x = normal((2, 6, 4, 5), 3) * 2.0
     close(ours(x), ref(t(x)))
     # Equinox convention: a single unbatched example without spatial_ndim.
     unbatched = nn.GroupNorm(3, 6)
@@ -335,12 +326,12 @@ def test_rms_norm():
     import treemod as tm
 
     ours = nn.RMSNorm(8, eps=1e-5, use_bias=False)
-    w = rand(1, 8)
+    w = normal((8,), 1)
     ours = tm.tree_at(lambda m: m.weight, ours, w)
     ref = torch.nn.RMSNorm(8, eps=1e-5)
     with torch.no_grad():
         ref.weight.copy_(t(w))
-    x = rand(3, 4, 5, 8)
+    x = normal((4, 5, 8), 3)
     close(ours(x), ref(t(x)))
 
 
@@ -402,7 +393,7 @@ def _mha(embed, heads, kdim=None, vdim=None):
 def test_mha_no_mask(q_len, kv_len, kdim, vdim):
     ours = _mha(16, 4, kdim, vdim)
     ref = _torch_mha(ours, 16, 4, kdim, vdim)
-    q, k, v = rand(1, 2, q_len, 16), rand(2, 2, kv_len, kdim), rand(3, 2, kv_len, vdim)
+    q, k, v = normal((2, q_len, 16), 1), normal((2, kv_len, kdim), 2), normal((2, kv_len, vdim), 3)
     expected, _ = ref(t(q), t(k), t(v), need_weights=False)
     close(ours(q, k, v), expected)
 
@@ -415,7 +406,7 @@ def _random_mask(seed, shape):
 def test_mha_masks():
     ours = _mha(16, 4)
     ref = _torch_mha(ours, 16, 4, 16, 16)
-    q, k = rand(1, 3, 5, 16), rand(2, 3, 8, 16)
+    q, k = normal((3, 5, 16), 1), normal((3, 8, 16), 2)
     shared = _random_mask(4, (5, 8))
     expected, _ = ref(
         t(q), t(k), t(k), attn_mask=torch.from_numpy(~np.asarray(shared)), need_weights=False
@@ -435,7 +426,7 @@ def test_mha_masks():
 def test_mha_causal(q_len, kv_len):
     ours = _mha(16, 2)
     ref = _torch_mha(ours, 16, 2, 16, 16)
-    q, k = rand(1, 2, q_len, 16), rand(2, 2, kv_len, 16)
+    q, k = normal((2, q_len, 16), 1), normal((2, kv_len, 16), 2)
     causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril()
     expected, _ = ref(t(q), t(k), t(k), attn_mask=~causal, need_weights=False)
     close(ours(q, k, k, causal=True), expected)
@@ -450,7 +441,7 @@ def test_gru_cell():
         ref.weight_hh.copy_(t(ours.weight_hh))
         ref.bias_ih.copy_(t(b))
         ref.bias_hh.copy_(t(np.concatenate([np.zeros(14), np.asarray(ours.bias_n)])))
-    x, h = rand(1, 3, 5), rand(2, 3, 7)
+    x, h = normal((3, 5), 1), normal((3, 7), 2)
     close(ours(x, h), ref(t(x), t(h)))
 
 
@@ -462,7 +453,7 @@ def test_lstm_cell():
         ref.weight_hh.copy_(t(ours.weight_hh))
         ref.bias_ih.copy_(t(ours.bias))
         ref.bias_hh.zero_()
-    x, h, c = rand(1, 3, 5), rand(2, 3, 7), rand(3, 3, 7)
+    x, h, c = normal((3, 5), 1), normal((3, 7), 2), normal((3, 7), 3)
     h2, c2 = ours(x, (h, c))
     rh, rc = ref(t(x), (t(h), t(c)))
     close(h2, rh)
@@ -480,7 +471,7 @@ def test_mlp_matches_torch_sequential():
         layers.append(ref)
         if i < 2:
             layers.append(torch.nn.Tanh())
-    x = rand(1, 6, 3)
+    x = normal((6, 3), 1)
     close(ours(x), torch.nn.Sequential(*layers)(t(x)))
 
 
@@ -510,7 +501,7 @@ def test_default_init_matches_pytorch_in_distribution():
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=str)
 def test_pools_3d(case):
-    x = rand(4, 2, 3, 7, 6, 5)
+    x = normal((2, 3, 7, 6, 5), 4)
     close(nn.MaxPool3d(**case)(x), torch.nn.MaxPool3d(**_torch_pool_kwargs(case))(t(x)))
     close(nn.AvgPool3d(**case)(x), torch.nn.AvgPool3d(**_torch_pool_kwargs(case))(t(x)))
 
@@ -525,7 +516,7 @@ def test_pools_3d(case):
     ],
 )
 def test_adaptive_pools(size, target):
-    x = rand(5, 2, 3, *size)
+    x = normal((2, 3, *size), 5)
     cases = [
         (d, cut, kind) for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))) for kind in ("Avg", "Max")
     ]
@@ -543,7 +534,7 @@ def test_adaptive_pools(size, target):
 
 
 def test_adaptive_max_pool_gradient_matches_torch():
-    x = rand(6, 2, 3, 7, 5)
+    x = normal((2, 3, 7, 5), 6)
     pool = nn.AdaptiveMaxPool2d((3, 2))
     grad = jax.grad(lambda x: jnp.sum(pool(x) * jnp.arange(6.0).reshape(1, 1, 3, 2)))(x)
     xt = t(x).requires_grad_()
@@ -569,7 +560,7 @@ def _adaptive_pools(x, last, goal, d):
 
 @pytest.mark.parametrize("size,target", [((7, 5, 4), (3, 2, 2)), ((4, 6, 3), (4, 7, 5))])
 def test_general_and_channels_last_adaptive_pools_match_torch(size, target):
-    x = rand(7, 2, 3, *size)
+    x = normal((2, 3, *size), 7)
     for d, cut in ((3, ()), (2, (0,)), (1, (0, 0))):
         xd = x[(..., *cut)] if cut else x
         goal = target[:d]
@@ -586,7 +577,7 @@ def test_general_and_channels_last_adaptive_pools_match_torch(size, target):
 
 
 def test_general_pool_matches_torch_in_both_layouts():
-    x = rand(8, 2, 3, 9, 8)
+    x = normal((2, 3, 9, 8), 8)
     smallest = nn.Pool(jnp.inf, jax.lax.min, 2, kernel_size=3, stride=2, padding=1, use_ceil=True)
     theirs = -torch.nn.functional.max_pool2d(-t(x), 3, 2, padding=1, ceil_mode=True)
     close(smallest(x), theirs)
@@ -599,12 +590,12 @@ def test_general_pool_matches_torch_in_both_layouts():
 
 @pytest.mark.parametrize("case", TRANSPOSE_CASES[:5], ids=str)
 def test_conv_transpose3d(case):
-    _check_conv_transpose(3, case, rand(7, 2, 4, 4, 5, 3))
+    _check_conv_transpose(3, case, normal((2, 4, 4, 5, 3), 7))
 
 
 @pytest.mark.parametrize("channels", [None, 3])
 def test_prelu_value_and_gradients(channels):
-    x = rand(8, 2, 3, 4, 5)
+    x = normal((2, 3, 4, 5), 8)
     if channels is None:
         ours, ref = nn.PReLU(0.2), torch.nn.PReLU(init=0.2)
     else:
@@ -613,7 +604,7 @@ def test_prelu_value_and_gradients(channels):
         with torch.no_grad():
             ref.weight.copy_(t(slope.reshape(3)))
     close(ours(x), ref(t(x)))
-    weights = rand(9, *x.shape)
+    weights = normal((*x.shape,), 9)
     g_slope, g_x = jax.grad(lambda m, x: jnp.sum(m(x) * weights), argnums=(0, 1))(ours, x)
     xt = t(x).requires_grad_()
     (ref(xt) * t(weights)).sum().backward()
@@ -625,11 +616,11 @@ def test_prelu_value_and_gradients(channels):
 def test_weight_norm_matches_torch_parametrization(kind):
     if kind == "linear":
         layer, ref = nn.Linear(5, 4, key=jax.random.key(0)), torch.nn.Linear(5, 4)
-        x = rand(10, 3, 5)
+        x = normal((3, 5), 10)
     else:
         layer = nn.Conv2d(3, 4, 3, padding=1, key=jax.random.key(0))
         ref = torch.nn.Conv2d(3, 4, 3, padding=1)
-        x = rand(10, 2, 3, 6, 5)
+        x = normal((2, 3, 6, 5), 10)
     with torch.no_grad():
         ref.weight.copy_(t(layer.weight))
         ref.bias.copy_(t(layer.bias))
@@ -640,7 +631,7 @@ def test_weight_norm_matches_torch_parametrization(kind):
     with torch.no_grad():
         ref.parametrizations.weight.original0.mul_(1.5)
     close(ours(x), ref(t(x)))
-    weights = rand(11, *ours(x).shape)
+    weights = normal((*ours(x).shape,), 11)
     grads = jax.jit(jax.grad(lambda m: jnp.sum(m(x) * weights)))(ours)
     (ref(t(x)) * t(weights)).sum().backward()
     close(grads.g.reshape(-1), ref.parametrizations.weight.original0.grad.reshape(-1))
@@ -661,8 +652,8 @@ def test_spectral_norm_matches_torch_parametrization(iterations):
     ours = tm.tree_at(
         lambda m: (m.u.value, m.v.value), ours, (jnp.asarray(sn._u), jnp.asarray(sn._v))
     )
-    x = rand(12, 2, 3, 6, 5)
-    weights = rand(13, 2, 4, 4, 3)
+    x = normal((2, 3, 6, 5), 12)
+    weights = normal((2, 4, 4, 3), 13)
 
     def loss(model, x):
         y, model = tm.stateful(model)(x)

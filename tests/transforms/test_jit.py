@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import types
 import weakref
@@ -17,6 +18,8 @@ from hypothesis import strategies as st
 
 import treemod as tm
 import treemod.nn as nn
+
+from helpers import close
 
 # Random pytrees of float32 arrays: nested dicts, lists and tuples.
 _shapes = hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)
@@ -34,10 +37,7 @@ _trees = st.recursive(
 )
 
 
-def _close(a: Any, b: Any) -> None:
-    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+_close = functools.partial(close, rtol=1e-6, atol=1e-6)
 
 
 def _fn(tree: Any, other: Any) -> Any:
