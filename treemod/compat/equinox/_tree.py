@@ -11,12 +11,15 @@ tree has several, unless `is_leaf` makes each one a leaf. Code written for Equin
 that error, so the compat `tree_at` gives it, then runs treemod's. Equinox's `tree_at` does not
 check the rebuilt modules' annotations, and Equinox code edits models whose arrays carry extra
 leading axes (ensembles built with `filter_vmap`, `MLP(scan=True)`'s stacked hidden layer), so
-the compat `tree_at` runs with shape checks off.
+the compat `tree_at` runs with shape checks off. treemod's `tree_at` refuses a `where` that
+selects one node twice with two different replacements; Equinox's lets the last one win (and
+applies `replace_fn` once), so the compat `tree_at` keeps each node's last selection before
+running treemod's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.tree_util as jtu
@@ -90,18 +93,53 @@ def tree_at(
     """
     _refuse_repeated_nodes(where, pytree, is_leaf)
     given = {"replace": replace, "replace_fn": replace_fn}
+    given = {k: v for k, v in given.items() if v is not _UNSET}
     try:
         with shape_checks(False):
-            return _tree_at(
-                where,
-                pytree,
-                is_leaf=is_leaf,
-                **{k: v for k, v in given.items() if v is not _UNSET},
-            )
+            try:
+                return _tree_at(_refuse_repeats(where), pytree, is_leaf=is_leaf, **given)
+            except _Repeated as repeated:  # keep each node's last selection, as Equinox does
+                kept = repeated.kept
+                if isinstance(replace, Sequence) and len(replace) == repeated.count:
+                    given["replace"] = [replace[i] for i in kept]
+                return _tree_at(_items(where, kept), pytree, is_leaf=is_leaf, **given)
     except WhereComputedError as e:  # Equinox's types for these (theirs and treemod's)
         raise EquinoxWhereComputedError(*e.args).with_traceback(e.__traceback__) from None
     except NotANodeError as e:
         raise EquinoxNotANodeError(*e.args).with_traceback(e.__traceback__) from None
+
+
+class _Repeated(Exception):  # noqa: N818 - a signal within `tree_at`, never raised to users
+    """`where` selected a node more than once; `kept`: the items that are its last selections."""
+
+    def __init__(self, kept: list[int], count: int) -> None:
+        super().__init__(kept, count)
+        self.kept = kept
+        self.count = count  # the number of items selected
+
+
+def _refuse_repeats(where: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`where`, raising `_Repeated` when it selects one node more than once.
+
+    treemod's `tree_at` calls `where` on a copy of the tree in which each node is its own
+    object, so identity tells positions apart (a repeated `1` in the tree is two nodes).
+    """
+
+    def checked(tree: Any) -> Any:
+        selected = where(tree)
+        if isinstance(selected, tuple | list):
+            ids = [id(node) for node in selected]
+            if len(set(ids)) < len(ids):
+                kept = [i for i, n in enumerate(ids) if n not in ids[i + 1 :]]
+                raise _Repeated(kept, len(ids))
+        return selected
+
+    return checked
+
+
+def _items(where: Callable[[Any], Any], kept: list[int]) -> Callable[[Any], Any]:
+    """`where`, keeping only the items `kept` of its selection."""
+    return lambda tree: [where(tree)[i] for i in kept]
 
 
 def _none_places(pytree: Any, is_leaf: Callable[[Any], bool] | None) -> list[str]:
