@@ -80,7 +80,8 @@ def probe(check: Callable[[str, Any, Any], str]) -> bool:
     dimensions inside a tuple)."""
     # Imported here, not at import treemod (see README.md, "Loading jaxtyping when needed").
     from jaxtyping import Float
-    from jaxtyping._storage import pop_shape_memo, push_shape_memo
+
+    from treemod._private_apis import pop_shape_memo, push_shape_memo
 
     annotation = tuple[Float[np.ndarray, "n"], Float[np.ndarray, "n"]]  # noqa: F821
     good = (np.zeros(2, np.float32), np.zeros(2, np.float32))
