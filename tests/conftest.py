@@ -18,8 +18,8 @@
   test's node id, which pytest 9 no longer reads (pytest-xdist issue 1386), so groups were
   silently spread over the workers.
 - Reference libraries: with the `CI` environment variable set (`.ci/run` sets it), a missing
-  reference library (`REFERENCES` below) stops the run before any test; elsewhere the tests
-  that need one skip, so a contributor without PyTorch can still run the rest.
+  reference library (`REFERENCES` in helpers.py) stops the run before any test; elsewhere the
+  tests that need one skip, so a contributor without PyTorch can still run the rest.
 - Recursion headroom: jaxlib's C++ tree flattening loses one level of Python's recursion budget
   per enclosing container whenever a flatten function or an `is_leaf` raises (jaxlib 0.10.2),
   and `sys.setrecursionlimit` does not give it back (it keeps the depth in use). treemod's own
@@ -49,7 +49,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from helpers import recursion_budget_lost  # noqa: E402  (tests/, on pytest's pythonpath)
+from helpers import recursion_budget_lost, require_references  # noqa: E402  (tests/)
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -67,44 +67,9 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# The libraries the tests compare against (import name: distribution).
-REFERENCES = {
-    "equinox": "equinox",
-    "hypothesis": "hypothesis",
-    "optax": "optax",
-    "orbax.checkpoint": "orbax-checkpoint",
-    "peft": "peft",
-    "safetensors": "safetensors",
-    "torch": "torch",
-    "torchvision": "torchvision",
-    "transformers": "transformers",
-    "treescope": "treescope",
-}
-
-
-def missing_references() -> list[str]:
-    """The distributions of `REFERENCES` that cannot be found (without importing them)."""
-    import importlib.util
-
-    missing = []
-    for module, distribution in REFERENCES.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # its parent package is missing
-            found = False
-        if not found:
-            missing.append(distribution)
-    return missing
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "error")
-    if os.environ.get("CI") and (missing := missing_references()):
-        raise pytest.UsageError(
-            f"CI is set, and these reference libraries are not installed: {', '.join(missing)}. "
-            "The tests compare against them; install the dev and torch extras "
-            "(pip install -e '.[dev,torch]')."
-        )
+    require_references(os.environ)
 
 
 # Levels lost before the first test ends, and levels given back since (the limit raised by).

@@ -6,6 +6,8 @@
 - `mypy_messages`, `snippet_line`: run mypy (through its API) on a user snippet and find the
   messages of the line that carries a `# marker` comment.
 - `recursion_budget_lost`: levels of Python's recursion budget lost (see tests/conftest.py).
+- `REFERENCES`, `missing_references`, `require_references`: the libraries the tests compare
+  against, and the check that stops a CI run without one (tests/conftest.py runs it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import sys
 import textwrap
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["close", "mypy_messages", "normal", "recursion_budget_lost", "snippet_line", "to_numpy"]
+__all__ = [
+    "REFERENCES",
+    "close",
+    "missing_references",
+    "mypy_messages",
+    "normal",
+    "recursion_budget_lost",
+    "require_references",
+    "snippet_line",
+    "to_numpy",
+]
 
 
 def normal(shape: tuple[int, ...], seed: int = 0, dtype: Any = jnp.float32) -> jax.Array:
@@ -122,3 +135,45 @@ def recursion_budget_lost() -> int:
             return n
 
     return sys.getrecursionlimit() - depth - fits(0)
+
+
+# The libraries the tests compare against (import name: distribution).
+REFERENCES = {
+    "equinox": "equinox",
+    "hypothesis": "hypothesis",
+    "optax": "optax",
+    "orbax.checkpoint": "orbax-checkpoint",
+    "peft": "peft",
+    "safetensors": "safetensors",
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "transformers": "transformers",
+    "treescope": "treescope",
+}
+
+
+def missing_references() -> list[str]:
+    """The distributions of `REFERENCES` that cannot be found (without importing them)."""
+    import importlib.util
+
+    missing = []
+    for module, distribution in REFERENCES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            missing.append(distribution)
+    return missing
+
+
+def require_references(environ: Mapping[str, str]) -> None:
+    """Stop the run (`pytest.UsageError`) if `CI` is set in `environ` and a reference is missing."""
+    import pytest
+
+    if environ.get("CI") and (missing := missing_references()):
+        raise pytest.UsageError(
+            f"CI is set, and these reference libraries are not installed: {', '.join(missing)}. "
+            "The tests compare against them; install the dev and torch extras "
+            "(pip install -e '.[dev,torch]')."
+        )

@@ -1,5 +1,5 @@
-"""A reference library missing in CI stops the run (tests/conftest.py), and `make test`
-installs every reference library (pyproject.toml's `dev` and `torch` extras)."""
+"""A reference library missing in CI stops the run (tests/conftest.py runs helpers.py's check),
+and `make test` installs every reference library (pyproject.toml's `dev` and `torch` extras)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,22 @@ from pathlib import Path
 
 import pytest
 
-import conftest as suite  # tests/conftest.py: on pytest's pythonpath
+import helpers
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ci_refuses_to_run_without_a_reference_library(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(suite.REFERENCES, "no_such_reference_lib", "no-such-reference-lib")
-    monkeypatch.setitem(suite.REFERENCES, "no_such_parent.child", "no-such-parent")
-    monkeypatch.setenv("CI", "true")
+def test_ci_refuses_to_run_without_a_reference_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(helpers.REFERENCES, "no_such_reference_lib", "no-such-reference-lib")
+    monkeypatch.setitem(helpers.REFERENCES, "no_such_parent.child", "no-such-parent")
     with pytest.raises(pytest.UsageError, match="no-such-reference-lib, no-such-parent") as e:
-        suite.pytest_configure(request.config)
+        helpers.require_references({"CI": "true"})
     assert "pip install -e '.[dev,torch]'" in str(e.value)
-    monkeypatch.delenv("CI")
-    suite.pytest_configure(request.config)  # outside CI: the tests that need one skip
+    helpers.require_references({})  # outside CI: the tests that need one skip
 
 
 def test_the_installed_environment_has_every_reference_library() -> None:
-    assert suite.missing_references() == []
+    assert helpers.missing_references() == []
 
 
 def test_make_test_installs_every_reference_library() -> None:
@@ -41,4 +37,4 @@ def test_make_test_installs_every_reference_library() -> None:
     }
     # safetensors is a run-time dependency.
     runtime = {"safetensors"}
-    assert set(suite.REFERENCES.values()) - names - runtime == set()
+    assert set(helpers.REFERENCES.values()) - names - runtime == set()
