@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import operator
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ __all__ = ["all_shared_caches", "closure_of", "share", "share_target"]
 Caller = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 """What a trace calls: `caller(fn_tree, args, kwargs)` returns the function's output."""
 
-_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], JitCache]] = (
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[JitCache, Caller]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -48,6 +49,9 @@ def share(
     fn: Any, fn_tree: Any, call: Callable[..., Any] | None, options: tuple[Any, ...]
 ) -> tuple[JitCache, Caller]:
     """The cache a new `filter_jit` wrapper of `fn` uses, and what its traces call.
+
+    Runs once per wrapper, so on the path of `filter_jit(f)(x)` written inline: the caller is
+    made with the cache and shared with it, and nothing else is allocated.
 
     Arguments:
         fn: the wrapped callable.
@@ -58,67 +62,59 @@ def share(
     Returns:
         `(cache, caller)`: a shared or a new `JitCache`, and `caller(fn_tree, args, kwargs)`.
     """
-    if call is None and fn_tree is not None:  # a module: its class lives as long as it does
-        return _shared(type(fn_tree), options, ()), _call_tree
     remake = None
     closure: tuple[Any, ...] = ()
-    if call is not None:
-        target: Any = call
+    if call is None and fn_tree is not None:  # a module: its class lives as long as it does
+        target: Any = type(fn_tree)
+    elif call is not None:
+        target = call
     else:
         found = share_target(fn)
         if found is None:
-            return JitCache(), functools.partial(_call_function, lambda: fn, None)
+            return JitCache(), functools.partial(_call, lambda: fn, None)
         target, closure, variant, remake = found
         options += (variant,)
     try:
-        ref = weakref.ref(target)
-        cache = _shared(target, options, closure)
+        per_target = _SHARED.setdefault(target, {})
     except TypeError:  # not weakly referenceable: a cache of its own
-        if call is not None:
-            return JitCache(), functools.partial(_call_method, lambda: call)
-        return JitCache(), functools.partial(_call_function, lambda: fn, None)
-    if call is not None:
-        return cache, functools.partial(_call_method, ref)
-    return cache, functools.partial(_call_function, ref, remake)
+        return JitCache(), functools.partial(_call, lambda: target, remake)
+    entry = per_target.get(options)
+    if entry is None or not _same_objects(entry[0].closure, closure):
+        caller = _call_tree if isinstance(target, type) else _weak_caller(target, remake)
+        entry = per_target[options] = (JitCache(closure=closure), caller)
+    return entry
+
+
+def _weak_caller(target: Any, remake: Callable[[Any], Any] | None) -> Caller:
+    return functools.partial(_call, weakref.ref(target), remake)
 
 
 def _call_tree(fn_tree: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return fn_tree(*args, **kwargs)
 
 
-def _call_method(
-    get: Callable[[], Any], fn_tree: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    return get()(fn_tree, *args, **kwargs)
-
-
-def _call_function(
+def _call(
     get: Callable[[], Any],
     remake: Callable[[Any], Any] | None,
     fn_tree: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
+    """Call the function `get()` returns (rebuilt by `remake`): with the module first for a
+    method (`fn_tree` is its module), else with the arguments alone."""
     fn = get() if remake is None else remake(get())
-    return fn(*args, **kwargs)
-
-
-def _shared(target: Any, options: tuple[Any, ...], closure: tuple[Any, ...]) -> JitCache:
-    per_target = _SHARED.setdefault(target, {})
-    cache = per_target.get(options)
-    if cache is None or not _same_objects(cache.closure, closure):
-        cache = per_target[options] = JitCache(closure=closure)
-    return cache
+    return fn(*args, **kwargs) if fn_tree is None else fn(fn_tree, *args, **kwargs)
 
 
 def all_shared_caches() -> Iterator[JitCache]:
     """Every shared `JitCache` alive (for `treemod.clear_caches`)."""
     for per_target in list(_SHARED.values()):
-        yield from list(per_target.values())
+        for cache, _ in list(per_target.values()):
+            yield cache
 
 
 def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def share_target(fn: Any) -> tuple[Any, tuple[Any, ...], tuple[Any, ...], Any] | None:
