@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks import timing
+
 WIDTH, HEADS, SEQ, BATCH = 128, 4, 64, 8
 
 
@@ -94,9 +96,8 @@ def _first_call(model: Any) -> tuple[float, float]:
 
 
 def _summary(samples: list[float]) -> str:
-    return (
-        f"median {statistics.median(samples):7.3f}s  range [{min(samples):.3f}, {max(samples):.3f}]"
-    )
+    s = timing.summary(samples)
+    return f"median {s['median']:7.3f}s  range [{s['min']:.3f}, {s['max']:.3f}]"
 
 
 def _compare(kind: str, depths: tuple[int, int], rounds: int, log: Callable[[str], None]) -> float:
@@ -106,8 +107,7 @@ def _compare(kind: str, depths: tuple[int, int], rounds: int, log: Callable[[str
     wall: dict[int, list[float]] = {d: [] for d in depths}
     cpu: dict[int, list[float]] = {d: [] for d in depths}
     for r in range(rounds):
-        order = depths if r % 2 == 0 else depths[::-1]
-        for d in order:
+        for d in timing.round_order(depths, r, "alternate"):
             w, c = _first_call(models[d])
             wall[d].append(w)
             cpu[d].append(c)

@@ -25,7 +25,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = [
     "alternate",
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 Order = Literal["alternate", "rotate", "shuffle", "fixed"]
+T = TypeVar("T")
 
 
 def _block_until_ready(out: Any) -> Any:
@@ -46,11 +47,11 @@ def _block_until_ready(out: Any) -> Any:
 
 
 def round_order(
-    names: Sequence[str],
+    names: Sequence[T],
     round_index: int,
     how: Order = "alternate",
     rng: random.Random | None = None,
-) -> list[str]:
+) -> list[T]:
     """The contenders' order in one round.
 
     Arguments:

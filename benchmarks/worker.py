@@ -19,11 +19,11 @@ _T_START = time.perf_counter()
 import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
+from . import timing  # noqa: E402
 from .workloads import MODULES  # noqa: E402
 from .workloads.spec import REQUIRES, Workload, expected_params, workloads  # noqa: E402
 
@@ -118,16 +118,16 @@ def _steady(
     for _ in range(2):  # warm up
         carry, loss = step(carry, x, y)
     jax.block_until_ready(loss)
-    times, cpu = [], []
-    for _ in range(samples):
-        t, c = time.perf_counter(), time.process_time()
-        for _ in range(iters):
-            carry, loss = step(carry, x, y)
-        jax.block_until_ready(loss)
-        times.append((time.perf_counter() - t) / iters)
-        cpu.append((time.process_time() - c) / iters)
-    case.wait(carry)
-    return carry, statistics.median(times), statistics.median(cpu)
+    state = [carry]
+
+    def one_step() -> Any:
+        state[0], loss = step(state[0], x, y)
+        return loss
+
+    walls_cpus = [timing.time_block(one_step, iters, cpu=True) for _ in range(samples)]
+    case.wait(state[0])
+    wall = timing.summary([w for w, _ in walls_cpus])["median"]
+    return state[0], wall, timing.summary([c for _, c in walls_cpus])["median"]
 
 
 def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, Any]) -> dict:
