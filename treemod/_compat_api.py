@@ -19,9 +19,9 @@ Modules (an adapter's own `Module` base, with its library's class options):
 - `TransformedFunction`: the base class of the filtered transforms' wrappers
   (`filter_jit(f)`, ...), for an adapter that treats them as modules.
 
-Hook read by the transforms and `treemod.debug`: a callable whose class sets
-`__tm_bound_method__ = True` and which has `__func__` and `__self__` is treated as a Python
-bound method (`__self__` is traced as a pytree, `__func__` is what it calls).
+- `PytreeBoundMethod`: the base class of a method bound to a module as a pytree; the
+  transforms and `treemod.debug` treat its instances as Python bound methods (`__self__` is
+  traced as a pytree, `__func__` is what it calls).
 
 Trees:
 
@@ -74,7 +74,7 @@ from treemod._saving.multihost import spanning_error
 from treemod._saving.safetensors_read import CheckpointNotFoundError, check_readable, seekable
 from treemod._saving.safetensors_write import check_writable
 from treemod._transforms.error_if import set_default_on_error
-from treemod._transforms.wrapper import TransformedFunction
+from treemod._transforms.wrapper import PytreeBoundMethod, TransformedFunction
 from treemod._tree.filters import IS_ARRAY_TYPE, FilterSpecError
 from treemod._tree.module_info import module_info
 from treemod._tree.tree_at import NotANodeError, WhereComputedError
@@ -97,6 +97,7 @@ __all__ = [
     "FilterSpecError",
     "ModuleMeta",
     "NotANodeError",
+    "PytreeBoundMethod",
     "TransformedFunction",
     "WhereComputedError",
     "accepts_key",

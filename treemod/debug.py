@@ -25,6 +25,7 @@ from treemod._transforms.error_if import error_if as _error_if
 from treemod._transforms.jit import JitWrapped as _JitWrapped
 from treemod._transforms.jit_cache import TraceCount as _TraceCount
 from treemod._transforms.unvmap import unvmap_any as _unvmap_any
+from treemod._transforms.wrapper import PytreeBoundMethod as _PytreeBoundMethod
 from treemod._tree.filters import combine as _combine
 from treemod._tree.filters import is_traceable_array as _is_array
 from treemod._tree.filters import partition as _partition
@@ -129,7 +130,7 @@ def get_num_traces(fn: _Any) -> int:
             return inner.num_traces
         if isinstance(inner, _MaxTraces):
             return inner.count.num_traces
-        if isinstance(inner, _types.MethodType) or hasattr(type(inner), "__tm_bound_method__"):
+        if isinstance(inner, _types.MethodType | _PytreeBoundMethod):
             inner = inner.__func__
         elif hasattr(inner, "__wrapped__"):
             inner = inner.__wrapped__

@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero
 
 from treemod._format.paths import function_name
+from treemod._transforms.jit_sharing import SharedByIdentity
 from treemod._transforms.leaves import split_tree
 from treemod._transforms.wrapper import P, R, TransformedFunction
 from treemod._tree.filters import is_inexact_traceable_array
@@ -18,7 +19,7 @@ from treemod._tree.filters import is_inexact_traceable_array
 __all__ = ["filter_custom_jvp"]
 
 
-class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's name)
+class filter_custom_jvp(TransformedFunction[P, R], SharedByIdentity):  # noqa: N801 (Equinox's name)
     """Define a custom JVP (forward-mode derivative) for a function of any pytrees.
 
     Equinox's API. Decorate `fn(*args, **kwargs)`, then define
@@ -46,9 +47,6 @@ class filter_custom_jvp(TransformedFunction[P, R]):  # noqa: N801 (Equinox's nam
         >>> float(jax.grad(lambda x: log1pexp(x, jax.nn.relu))(jnp.array(100.0)))
         1.0
     """
-
-    # One function once its rules are set: filter_jit wrappers of it share compiled versions.
-    __tm_shareable__ = True
 
     def __init__(self, fn: Callable[P, R]) -> None:
         self.fn: Callable[..., Any] = fn

@@ -12,6 +12,7 @@ import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero
 
 from treemod._format.paths import render_path
+from treemod._transforms.jit_sharing import SharedByIdentity
 from treemod._transforms.leaves import merge_leaves, split_leaves, split_tree
 from treemod._transforms.wrapper import P, R, reduce_by_name
 from treemod._tree.filters import (
@@ -28,7 +29,7 @@ __all__ = ["filter_custom_vjp"]
 _A = TypeVar("_A")
 
 
-class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
+class filter_custom_vjp(Generic[_A, P, R], SharedByIdentity):  # noqa: N801 (Equinox's name)
     """Define a custom backward pass for a function, differentiating its first argument.
 
     Equinox's API: decorate `fn(vjp_arg, *args, **kwargs)`, then define
@@ -60,9 +61,6 @@ class filter_custom_vjp(Generic[_A, P, R]):  # noqa: N801 (Equinox's name)
         >>> jax.grad(lambda x: 3.0 * clip_gradient(x, 1.0))(jnp.array(2.0))
         Array(1., dtype=float32)
     """
-
-    # One function once its rules are set: filter_jit wrappers of it share compiled versions.
-    __tm_shareable__ = True
 
     def __init__(self, fn: Callable[Concatenate[_A, P], R]) -> None:
         self.fn: Callable[..., Any] = fn

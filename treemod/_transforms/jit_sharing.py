@@ -4,7 +4,7 @@
 So wrappers of the same function share one `JitCache` per set of options, found in `_SHARED`,
 keyed weakly on:
 
-- a plain Python function (or an object whose class sets `__tm_shareable__`): itself;
+- a plain Python function (or a `SharedByIdentity` instance): itself;
 - a transform wrapper of one (`filter_jit(filter_grad(f))`, declared by the wrapper class's
   `_tm_share_fields`): the function inside, the wrappers' classes and options added to the
   cache's options;
@@ -35,7 +35,7 @@ from typing import Any
 
 from treemod._transforms.jit_cache import JitCache
 
-__all__ = ["all_shared_caches", "closure_of", "share", "share_target"]
+__all__ = ["SharedByIdentity", "all_shared_caches", "closure_of", "share", "share_target"]
 
 Caller = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 """What a trace calls: `caller(fn_tree, args, kwargs)` returns the function's output."""
@@ -148,10 +148,17 @@ def _remake(rewraps: tuple[Callable[[Any], Any], ...], target: Any) -> Any:
     return target
 
 
+class SharedByIdentity:
+    """Base class of callables that are one function for good once made (`filter_custom_jvp`,
+    `filter_custom_vjp`): `filter_jit` wrappers of the same instance share compiled versions,
+    as wrappers of the same Python function do."""
+
+    __slots__ = ()
+
+
 def _shareable(fn: Any) -> bool:
-    """A Python function, or an object whose class says it is one function for good
-    (`__tm_shareable__`, as `filter_custom_vjp` does), shared by identity."""
-    return type(fn) is types.FunctionType or getattr(type(fn), "__tm_shareable__", False)
+    """A Python function, or a `SharedByIdentity`: shared by identity."""
+    return type(fn) is types.FunctionType or isinstance(fn, SharedByIdentity)
 
 
 _EMPTY_CELL = object()

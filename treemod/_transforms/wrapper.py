@@ -131,6 +131,17 @@ def _unpicklable(reason: str) -> pickle.PicklingError:
     )
 
 
+class PytreeBoundMethod:
+    """Base class of a method bound to a module as a pytree whose child is the module (the
+    compat namespace's `BoundMethod` is one). The transforms and `treemod.debug` treat an
+    instance as they treat a Python bound method: `__self__` is traced as a pytree and
+    `__func__` is what is called. Subclasses set both attributes."""
+
+    __slots__ = ()
+    __func__: Callable[..., Any]
+    __self__: Any
+
+
 def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
     """Normalise a callable into `(fn_tree, call)` once, at wrap time.
 
@@ -138,7 +149,7 @@ def split_fn(fn: Any) -> tuple[Any, Callable[..., Any] | None]:
     method), whose arrays are traced like arguments; `None` for plain functions. `call` is the
     function to call as `call(fn_tree, *args, **kwargs)`, or `None` to call `fn_tree` itself.
     """
-    if isinstance(fn, types.MethodType) or getattr(type(fn), "__tm_bound_method__", False):
+    if isinstance(fn, types.MethodType | PytreeBoundMethod):
         owner = fn.__self__
         if jtu.treedef_is_leaf(jtu.tree_structure(owner)):
             return None, None

@@ -4,9 +4,9 @@ one child.
 In Equinox `jax.tree_util.tree_leaves(model.method)` gives the model's arrays and
 `jax.jit(run)(model.method)` traces them. `bind_methods` gives a class's plain functions that
 behaviour (this namespace's `Module` uses it); special methods (`__call__`, ...) stay
-ordinary, so calling a module costs nothing extra. `BoundMethod` sets the class-level marker
-`__tm_bound_method__`, by which treemod's transforms and `treemod.debug` treat it as they treat
-a Python bound method (see `treemod/_compat_api.py`).
+ordinary, so calling a module costs nothing extra. `BoundMethod` is a
+`PytreeBoundMethod`, which treemod's transforms and `treemod.debug` treat as they treat a
+Python bound method (see `treemod/_compat_api.py`).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -32,15 +32,15 @@ from typing import Any
 import jax.tree_util as jtu
 
 from treemod import Module
+from treemod._compat_api import PytreeBoundMethod
 
 __all__ = ["BoundMethod", "bind_inherited_methods", "bind_methods"]
 
 
-class BoundMethod:
+class BoundMethod(PytreeBoundMethod):
     # A method bound to a module, as a pytree whose child is the module (`__self__`); its
     # `__doc__`, `__name__` and `__qualname__` are the function's.
     __slots__ = ("__func__", "__self__")
-    __tm_bound_method__ = True
     __doc__ = property(lambda self: getattr(self.__func__, "__doc__", None))
 
     def __init__(self, func: Callable[..., Any], obj: Any) -> None:
