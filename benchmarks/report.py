@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .run import stats, summarise
+from .summary import stats, summarise
 from .workloads.spec import FRAMEWORKS, LABELS, workloads
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import report, run
+from benchmarks import report, run, summary
 from benchmarks.workloads.spec import workloads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_summarise_takes_medians_ranges_and_ratios_to_plain_jax() -> None:
         _record("treemod", "w", 1.8, 0.019, shared=True),
         {"framework": "treemod", "workload": "w", "error": "RuntimeError: boom"},
     ]
-    s = run.summarise(records)
+    s = summary.summarise(records)
     jax_first = s["w"]["jax"]["metrics"]["first_call_s"]
     assert jax_first == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
     tm = s["w"]["treemod"]
