@@ -20,21 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .summary import stats, summarise
-from .workloads.spec import FRAMEWORKS, LABELS, workloads
+from .charts import CHARTS, charts
+from .summary import summarise
+from .targets import STACK_METRICS, framework_order, from_one_run, metric_stats, targets
+from .workloads.spec import LABELS, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
 DOCS_IMG = ROOT / "docs" / "img" / "bench"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
-FIRST_CALL_LIMIT = 1.05
-STEP_LIMIT = 1.10
-STACK_LIMIT = 1.5
-STACK_METRICS = (
-    ("jit_total_s", "trace+lower+compile"),
-    ("first_call_cpu_s", "first call CPU (incl. running 12x the layers)"),
-)
 # How a merged report names the metrics that a run measured only in part.
 METRIC_GROUPS = {
     "init_jit_s": "construction inside jit",
@@ -42,120 +37,6 @@ METRIC_GROUPS = {
     "step_big_s": "realistic batch",
     "step_big_cpu_s": "realistic batch",
 }
-
-CHARTS = {
-    "first_call.png": ("first_call_s", "First call of the training step (s, log scale)", True),
-    "step_tiny.png": ("step_tiny_s", "Steady step time, tiny batch (ms, log scale)", True),
-    "step_big.png": ("step_big_s", "Steady step time, realistic batch (ms, log scale)", True),
-}
-
-
-def _frameworks(data: dict[str, Any]) -> list[str]:
-    return [
-        f
-        for f in FRAMEWORKS
-        if data["frameworks"].get(f, {}).get("status") not in (None, "skipped")
-    ]
-
-
-def _metric(data: dict[str, Any], wl: str, fw: str, m: str) -> dict[str, float] | None:
-    metrics: dict[str, dict[str, float]] = (
-        data["summary"].get(wl, {}).get(fw, {}).get("metrics", {})
-    )
-    return metrics.get(m)
-
-
-def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets for treemod, each with the measured value and whether it is met.
-
-    First-call and step ratios are given for wall time and for the process's CPU time (steadier
-    on a busy machine); the Stack target compares trace + lowering + compile time. A target is
-    judged on the ratio of medians; each also carries the ratios repeat by repeat (`_per_repeat`),
-    which show how often it held.
-    """
-    out: list[dict[str, Any]] = []
-    peers = [f for f in _frameworks(data) if f not in ("jax", "treemod")]
-    for wl in data["workloads"]:
-        mine = (wl, "treemod")
-        for metric, what in (
-            ("first_call_s", "first call"),
-            ("first_call_cpu_s", "first call CPU"),
-        ):
-            name = f"{wl}: {what} / plain JAX"
-            out += _compare(data, name, metric, mine, (wl, "jax"), FIRST_CALL_LIMIT)
-            others = [(p, s) for p in peers if (s := _metric(data, wl, p, metric))]
-            if others:
-                best = min(others, key=lambda ps: ps[1]["median"])[0]
-                name = f"{wl}: {what} / fastest peer ({LABELS[best]})"
-                out += _compare(data, name, metric, mine, (wl, best), 1.0)
-        for metric, what in (
-            ("step_tiny_s", "tiny-batch step"),
-            ("step_tiny_cpu_s", "tiny step CPU"),
-        ):
-            name = f"{wl}: {what} / plain JAX"
-            out += _compare(data, name, metric, mine, (wl, "jax"), STEP_LIMIT)
-    for metric, what in STACK_METRICS:
-        if not _from_one_run(data, metric):
-            continue  # 4 and 48 blocks measured in different runs: their ratio would mislead
-        name = f"Stack: {what}, 48 blocks / 4"
-        cells = ("stack48_scan", "treemod"), ("stack4_scan", "treemod")
-        out += _compare(data, name, metric, *cells, STACK_LIMIT)
-    return out
-
-
-def _from_one_run(data: dict[str, Any], metric: str) -> bool:
-    """Whether treemod's 4- and 48-block `metric` come from the same run (of a merged report)."""
-    runs = {
-        data["summary"].get(wl, {}).get("treemod", {}).get("source", {}).get(metric)
-        for wl in ("stack4_scan", "stack48_scan")
-    }
-    return len(runs - {None}) <= 1
-
-
-def _per_repeat(
-    data: dict[str, Any], metric: str, cell: tuple[str, str], other: tuple[str, str]
-) -> list[float]:
-    """`metric` of `cell` over that of `other` (each a (workload, framework)), repeat by repeat.
-
-    The k-th process of each cell, in the run its figure comes from, belongs to repeat k; a
-    repeat alternates the libraries, so the two ran minutes apart at most and a slow phase of
-    the machine weighs on both. Repeats in which either process failed are left out.
-    """
-
-    def by_repeat(wl: str, fw: str) -> list[float | None]:
-        run = data["summary"][wl][fw].get("source", {}).get(metric)
-        mine = [
-            r for r in data["records"]
-            if r["workload"] == wl and r["framework"] == fw and r.get("run") == run
-        ]  # fmt: skip
-        return [r.get(metric) for r in sorted(mine, key=lambda r: r.get("process", 0))]
-
-    pairs = zip(by_repeat(*cell), by_repeat(*other), strict=False)
-    return [a / b for a, b in pairs if a is not None and b]
-
-
-def _compare(
-    data: dict[str, Any],
-    name: str,
-    metric: str,
-    cell: tuple[str, str],
-    other: tuple[str, str],
-    limit: float,
-) -> list[dict[str, Any]]:
-    """The target that `metric` of `cell` is at most `limit` times that of `other` (each a
-    (workload, framework)), judged on the ratio of medians; none when either was not measured."""
-    mine, theirs = _metric(data, *cell, metric), _metric(data, *other, metric)
-    if not (mine and theirs):
-        return []
-    value = mine["median"] / theirs["median"]
-    target = {"name": name, "value": value, "limit": limit, "ok": value <= limit}
-    per_repeat = _per_repeat(data, metric, cell, other)
-    if per_repeat:
-        target["per_repeat"] = stats(per_repeat) | {"within": sum(r <= limit for r in per_repeat)}
-    return [target]
-
-
-# --- Markdown --------------------------------------------------------------------------------
 
 
 def _fmt(x: float, unit: str) -> str:
@@ -175,13 +56,13 @@ def _failure(error: str) -> str:
 
 
 def _table(data: dict[str, Any], metric: str, unit: str, ranges: bool = True) -> str:
-    fws = _frameworks(data)
+    fws = framework_order(data)
     head = "| workload | " + " | ".join(LABELS[f] for f in fws) + " |"
     rows = [head, "|" + " --- |" * (len(fws) + 1)]
     for wl, info in data["workloads"].items():
         cells = []
         for fw in fws:
-            s = _metric(data, wl, fw, metric)
+            s = metric_stats(data, wl, fw, metric)
             errors = data["summary"].get(wl, {}).get(fw, {}).get("errors", [])
             if s is None:
                 cells.append(_failure(errors[0]) if errors else "–")
@@ -198,13 +79,13 @@ def _table(data: dict[str, Any], metric: str, unit: str, ranges: bool = True) ->
 
 
 def _breakdown(data: dict[str, Any]) -> str:
-    fws = _frameworks(data)
+    fws = framework_order(data)
     rows = ["| workload | " + " | ".join(LABELS[f] for f in fws) + " |"]
     rows.append("|" + " --- |" * (len(fws) + 1))
     for wl, info in data["workloads"].items():
         cells = []
         for fw in fws:
-            parts = [_metric(data, wl, fw, m) for m in ("trace_s", "lower_s", "compile_s")]
+            parts = [metric_stats(data, wl, fw, m) for m in ("trace_s", "lower_s", "compile_s")]
             if any(p is None for p in parts):
                 cells.append("–")
             else:
@@ -217,7 +98,7 @@ def _imports(data: dict[str, Any]) -> str:
     rows = ["| framework | total import (s) | of which the framework (s) | × plain JAX |"]
     rows.append("| --- | --- | --- | --- |")
     floor = None
-    for fw in _frameworks(data):
+    for fw in framework_order(data):
         vals = [
             r for r in data["records"] if r["framework"] == fw and "import_s" in r
             and not r.get("imports_shared")
@@ -314,7 +195,9 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
     ]
     for title, metric, unit in sections:
         if any(
-            _metric(data, wl, fw, metric) for wl in data["workloads"] for fw in _frameworks(data)
+            metric_stats(data, wl, fw, metric)
+            for wl in data["workloads"]
+            for fw in framework_order(data)
         ):
             lines += [f"#### {title}", "", _table(data, metric, unit), ""]
     lines += [
@@ -350,7 +233,7 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
                 f"| {t['name']} | {t['value']:.2f}× | ≤ {t['limit']:.2f}× | {mark} | "
                 f"{_per_repeat_cell(t.get('per_repeat'))} |"
             )
-        if any(not _from_one_run(data, m) for m, _ in STACK_METRICS):
+        if any(not from_one_run(data, m) for m, _ in STACK_METRICS):
             lines += [
                 "",
                 "The Stack target (48 blocks against 4) is not computed: the two come from "
@@ -396,70 +279,6 @@ def _load(x: list[float] | None) -> str:
 
 
 # --- charts ----------------------------------------------------------------------------------
-
-
-def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Grouped bar charts (median, min–max whiskers); nothing if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no charts (pip install matplotlib)", file=sys.stderr)
-        return []
-    fws = _frameworks(data)
-    wls = list(data["workloads"])
-    written = []
-    for png, (metric, title, log) in CHARTS.items():
-        scale = 1e3 if title.startswith("Steady") else 1.0
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(wls) + 2), 4.0))
-        width = 0.8 / max(1, len(fws))
-        plotted = False
-        for i, fw in enumerate(fws):
-            xs, ys, lo, hi = [], [], [], []
-            for j, wl in enumerate(wls):
-                s = _metric(data, wl, fw, metric)
-                if s:
-                    xs.append(j + (i - (len(fws) - 1) / 2) * width)
-                    ys.append(s["median"] * scale)
-                    lo.append((s["median"] - s["min"]) * scale)
-                    hi.append((s["max"] - s["median"]) * scale)
-            ax.bar(xs, ys, width, yerr=[lo, hi], label=LABELS[fw], capsize=2)
-            plotted = plotted or bool(ys)
-        ax.set_xticks(range(len(wls)), [data["workloads"][w]["title"] for w in wls], rotation=20,
-                      ha="right", fontsize=8)  # fmt: skip
-        if log and plotted:  # an empty chart (nothing measured) stays linear
-            ax.set_yscale("log")
-        ax.set_title(title)
-        ax.legend(fontsize=7, ncol=3)
-        fig.tight_layout()
-        fig.savefig(out_dir / png, dpi=90)
-        plt.close(fig)
-        written.append(out_dir / png)
-    fig, ax = plt.subplots(figsize=(6.0, 3.2))
-    bottoms = {"import_jax_s": "jax", "import_optax_s": "optax", "import_framework_s": "framework"}
-    names, base = [], []
-    for fw in fws:
-        recs = [r for r in data["records"] if r["framework"] == fw and "import_s" in r
-                and not r.get("imports_shared")]  # fmt: skip
-        if recs:
-            names.append(LABELS[fw])
-            base.append({k: sorted(r[k] for r in recs)[len(recs) // 2] for k in bottoms})
-    acc = [0.0] * len(names)
-    for key, label in bottoms.items():
-        vals = [b[key] for b in base]
-        ax.bar(names, vals, bottom=acc, label=label)
-        acc = [a + v for a, v in zip(acc, vals, strict=True)]
-    ax.set_ylabel("s")
-    ax.set_title("Import time, fresh process (median)")
-    ax.legend(fontsize=7)
-    ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "import.png", dpi=90)
-    plt.close(fig)
-    written.append(out_dir / "import.png")
-    return written
 
 
 def write(data: dict[str, Any], out_dir: Path, img_dir: Path | None = None) -> list[Path]:
