@@ -8,7 +8,8 @@ stacked weights. Per form: lowering and XLA compile time (one compile per round,
 alternating), the StableHLO size, what XLA's optimised HLO keeps (calls, convolutions,
 while loops), and the compiled step's run time (fusion across the boundary).
 
-    python -m benchmarks.experiments.outlined_calls [--rounds 3] [--blocks 12]
+    python -m benchmarks.experiments.outlined_calls [--rounds 3] [--blocks 12] [--channels 4]
+        [--size 8]
 """
 
 from __future__ import annotations
@@ -66,10 +67,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--size", type=int, default=8)
     args = parser.parse_args()
-    ws = jnp.full((args.blocks, 3, 3, 4, 4), 0.01)
-    x = jnp.ones((2, 8, 8, 4))
-    steps = {name: jax.jit(jax.grad(f)) for name, f in forms(args.blocks).items()}
+    c = args.channels
+    ws = jnp.full((args.blocks, 3, 3, c, c), 0.01)
+    x = jnp.ones((2, args.size, args.size, c))
+    steps = forms(args.blocks)
     lower: dict[str, list[float]] = {n: [] for n in steps}
     comp: dict[str, list[float]] = {n: [] for n in steps}
     info: dict[str, str] = {}
@@ -77,7 +81,8 @@ def main() -> None:
     for r in range(args.rounds):
         for name in round_order(list(steps), r, "alternate", None):
             t0 = time.perf_counter()
-            lowered = steps[name].lower(ws, x)
+            # A new jit of a new function each round: JAX would serve a repeat from its caches.
+            lowered = jax.jit(jax.grad(steps[name])).lower(ws, x)
             t1 = time.perf_counter()
             compiled[name] = lowered.compile()
             t2 = time.perf_counter()
@@ -89,7 +94,7 @@ def main() -> None:
                 f"calls; optimised HLO {hlo.count(' call(')} calls, "
                 f"{hlo.count('convolution(')} convolutions, {hlo.count(' while(')} while loops"
             )
-    run = alternate({n: (lambda c=c: c(ws, x)) for n, c in compiled.items()}, 15, block=5)
+    run = alternate({n: (lambda f=f: f(ws, x)) for n, f in compiled.items()}, 15, block=5)
     print(f"{args.blocks} blocks, {args.rounds} rounds; median [min-max]")
     for name in steps:
         print(
