@@ -1,24 +1,11 @@
 """Equinox's `equinox.nn` over treemod: `eqx.nn` after `import treemod.compat.equinox as eqx`.
 
-Re-exports `treemod.nn`; layers whose signature, initialisation or call convention differs from
-Equinox's are replaced below by compat layers built over treemod's.
+Every layer is a compat class over treemod's (an instance of treemod's layer counts as an
+instance of it): with Equinox's signature, initialisation (draws in the parameter dtype) and call
+convention where they differ, and without shape checks, for the class and its subclasses.
 """
 
-from treemod.nn import (
-    AdaptiveAvgPool,
-    AdaptiveMaxPool,
-    AvgPool,
-    GRUCell,
-    Identity,
-    KeySeq,
-    LSTMCell,
-    MaxPool,
-    Shared,
-    Stack,
-    WeightNorm,
-    init,
-    split_like,
-)
+from treemod.nn import KeySeq, init, split_like
 
 from ._activations import PReLU
 from ._attention import MultiheadAttention
@@ -54,9 +41,20 @@ from ._pool import (
     MaxPool3d,
     Pool,
 )
+from ._rnn import GRUCell, LSTMCell
 from ._sequential import Lambda, Sequential
 from ._spectral_norm import SpectralNorm
 from ._stateful import State, StatefulLayer, StateIndex, delete_init_state, make_with_state
+from ._treemod_layers import (
+    AdaptiveAvgPool,
+    AdaptiveMaxPool,
+    AvgPool,
+    Identity,
+    MaxPool,
+    Shared,
+    Stack,
+    WeightNorm,
+)
 
 __all__ = [
     "AdaptiveAvgPool",

@@ -12,7 +12,7 @@ from treemod.nn import PReLU as _PReLU
 __all__ = ["PReLU"]
 
 
-class PReLU(_PReLU):
+class PReLU(_PReLU, shapecheck=False):
     """Equinox's `nn.PReLU`: `negative_slope` is `jnp.asarray(init_alpha)`, a scalar for a number.
 
     treemod's `PReLU` stores one slope as shape `(1,)`; this one stores what Equinox stores, so
@@ -36,7 +36,8 @@ class PReLU(_PReLU):
         self.negative_slope = jnp.asarray(init_alpha)
 
     def __call__(self, x: Array, *, key: Any = None) -> Array:
-        """Apply to `x`; integer inputs are promoted to the slope's dtype, as Equinox's are."""
+        """Apply to `x` (Python numbers too); integers are promoted to the slope's dtype."""
+        x = jnp.asarray(x)
         if not jnp.issubdtype(x.dtype, jnp.inexact):
             slope = self.negative_slope.dtype
             x = x.astype(slope if jnp.issubdtype(slope, jnp.inexact) else jnp.float32)

@@ -6,10 +6,11 @@ The compat classes that only adapt a treemod layer's signature or call declare t
 `MultiheadAttention`, the layers of `WeightNorm`, ...) pass that test too. The check reads the
 class's MRO, once per `isinstance` call.
 
-A compat class that adapts only the constructor (`_builds_treemod_layer = True`, e.g.
-`eqx.nn.Linear`) returns an instance of the treemod layer itself, so a layer the user builds
-and one treemod builds inside another layer have the same pytree type: `tree_equal`, `tree_at`
-and `nn.Shared` see them as the same kind of node. Subclasses the user defines keep their class.
+Layers built through the namespace are the compat classes' (a user's `eqx.nn.Linear` and the
+projections inside `eqx.nn.MultiheadAttention` or `eqx.nn.MLP`, which build theirs with the
+compat `Linear`), so they have one pytree type: `tree_equal`, `tree_at` and `nn.Shared` see
+them as the same kind of node. The compat classes are not shape-checked, nor are their
+subclasses (the class option `shapecheck=False`, inherited), as nothing is in Equinox.
 """
 
 from __future__ import annotations
@@ -23,14 +24,6 @@ __all__ = ["CompatLayerMeta"]
 
 class CompatLayerMeta(ModuleMeta):
     """Metaclass of compat layers: instances of `_treemod_layer` count as instances."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        layer = super().__call__(*args, **kwargs)
-        if cls.__dict__.get("_builds_treemod_layer", False):
-            # Same fields and methods (the compat class adds only `__init__`): the instance
-            # becomes the treemod layer's, so both namespaces' layers flatten alike.
-            object.__setattr__(layer, "__class__", cls.__dict__["_treemod_layer"])
-        return layer
 
     def __instancecheck__(cls, instance: Any) -> bool:
         base = cls.__dict__.get("_treemod_layer")

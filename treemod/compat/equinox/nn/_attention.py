@@ -21,6 +21,8 @@ from treemod._compat_api import compute_dtype
 from treemod.nn import MultiheadAttention as _MultiheadAttention
 
 from ._alias import CompatLayerMeta
+from ._init import placeholder
+from ._linear import Dropout, Linear
 
 __all__ = ["MultiheadAttention", "dot_product_attention", "dot_product_attention_weights"]
 
@@ -83,7 +85,7 @@ def dot_product_attention(
     return jnp.einsum("qk,kv->qv", weights, value)
 
 
-class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
+class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta, shapecheck=False):
     """Multi-head attention with Equinox's call (see the module docstring).
 
     Example:
@@ -97,6 +99,23 @@ class MultiheadAttention(_MultiheadAttention, metaclass=CompatLayerMeta):
     """
 
     _treemod_layer = _MultiheadAttention
+
+    def __init__(self, *args: Any, key: Any, **kwargs: Any) -> None:
+        """Equinox's arguments (those of `treemod.nn.MultiheadAttention`) and draws.
+
+        The projections are the compat `Linear`, drawn as Equinox draws them (in the
+        parameter dtype), from the same four keys; the dropout is the compat `Dropout`.
+        """
+        super().__init__(*args, weight_init=placeholder, key=key, **kwargs)
+        keys = jax.random.split(key, 4)
+        names = ("query_proj", "key_proj", "value_proj", "output_proj")
+        for name, k in zip(names, keys, strict=True):
+            old = getattr(self, name)
+            dtype = old.weight.dtype
+            setattr(
+                self, name, Linear(old.in_features, old.out_features, old.use_bias, dtype, key=k)
+            )
+        self.dropout = Dropout(self.dropout.p, self.dropout.inference)
 
     # Equinox's signature: `process_heads` where treemod's layer has `causal`.
     def __call__(  # type: ignore[override]

@@ -8,7 +8,7 @@ do, so Equinox's weights (and files, read by `tree_deserialise_leaves`) give Equ
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -18,6 +18,8 @@ from jaxtyping import Array, PRNGKeyArray
 from treemod._compat_api import with_spatial_dims
 from treemod.nn import Conv as _Conv
 from treemod.nn import ConvTranspose as _ConvTranspose
+
+from ._init import equinox_uniform
 
 __all__ = [
     "Conv",
@@ -31,22 +33,6 @@ __all__ = [
 ]
 
 Size = int | Sequence[int]
-
-
-def equinox_uniform(lim: float) -> Callable[[Any, tuple[int, ...], Any], Array]:
-    """Equinox's default initialiser: U(-lim, lim) in `dtype`; complex dtypes draw the real and
-    imaginary parts from two halves of the key."""
-
-    def init(key: Any, shape: tuple[int, ...], dtype: Any) -> Array:
-        if jnp.issubdtype(dtype, jnp.complexfloating):
-            real = jnp.finfo(dtype).dtype
-            rkey, ikey = jax.random.split(key, 2)
-            re = jax.random.uniform(rkey, shape, real, -lim, lim).astype(dtype)
-            im = jax.random.uniform(ikey, shape, real, -lim, lim).astype(dtype)
-            return re + 1j * im
-        return jax.random.uniform(key, shape, dtype, -lim, lim)
-
-    return init
 
 
 def _default_dtype(dtype: Any) -> Any:
@@ -94,7 +80,7 @@ def _same_with_output_padding(
     return tuple(pads), tuple(extras)
 
 
-class Conv(_Conv):
+class Conv(_Conv, shapecheck=False):
     """Equinox's `nn.Conv`: treemod's `Conv` with Equinox's init and a bias `(out, 1, ..., 1)`.
 
     Called on one example `(in_channels, *spatial)` as Equinox's layer is (`jax.vmap` for a
@@ -168,7 +154,7 @@ class Conv(_Conv):
         return _Conv.__call__(self, x)
 
 
-class ConvTranspose(_ConvTranspose):
+class ConvTranspose(_ConvTranspose, shapecheck=False):
     """Equinox's `nn.ConvTranspose`: treemod's `ConvTranspose` holding Equinox's kernel.
 
     Equinox runs its weight `(out, in/groups, *kernel)` unflipped as the convolution of the

@@ -11,12 +11,15 @@ from treemod.nn import Embedding as _Embedding
 from treemod.nn import RotaryPositionalEmbedding as _RotaryPositionalEmbedding
 
 from ._alias import CompatLayerMeta
+from ._init import equinox_normal
 
 __all__ = ["Embedding", "RotaryPositionalEmbedding"]
 
 
-class Embedding(_Embedding, metaclass=CompatLayerMeta):
+class Embedding(_Embedding, metaclass=CompatLayerMeta, shapecheck=False):
     """`treemod.nn.Embedding` whose negative indices count from the end, as in Equinox.
+
+    The weight is Equinox's for the same key in every dtype (drawn in that dtype).
 
     Example:
         >>> import jax.numpy as jnp
@@ -28,6 +31,20 @@ class Embedding(_Embedding, metaclass=CompatLayerMeta):
 
     _treemod_layer = _Embedding
 
+    def __init__(
+        self,
+        num_embeddings: int | None = None,
+        embedding_size: int | None = None,
+        weight: Any = None,
+        dtype: Any = None,
+        *,
+        key: Any = None,
+    ) -> None:
+        """Equinox's arguments; the weight is drawn N(0, 1) in `dtype`, as Equinox draws it."""
+        super().__init__(
+            num_embeddings, embedding_size, weight, dtype, weight_init=equinox_normal, key=key
+        )
+
     def __call__(self, x: Any, *, key: Any = None) -> Any:
         """Look up rows; `-1` is the last one. Indices outside `[-n, n)` are an error."""
         x = jnp.asarray(x)
@@ -36,7 +53,9 @@ class Embedding(_Embedding, metaclass=CompatLayerMeta):
         return super().__call__(x)
 
 
-class RotaryPositionalEmbedding(_RotaryPositionalEmbedding, metaclass=CompatLayerMeta):
+class RotaryPositionalEmbedding(
+    _RotaryPositionalEmbedding, metaclass=CompatLayerMeta, shapecheck=False
+):
     """`treemod.nn.RotaryPositionalEmbedding` with Equinox's `precompute_freqs_cis` helper.
 
     Example:

@@ -13,9 +13,12 @@ from jax import lax
 from treemod import field, filter_vmap, if_array, is_array
 from treemod._compat_api import identity, require_key
 from treemod.nn import MLP as _MLP
-from treemod.nn import Linear
+
+from ._init import placeholder
+from ._linear import Linear
 
 __all__ = ["MLP"]
+
 
 # Applies an activation (with its per-neuron parameters, if any) to each neuron: the last axis.
 _per_neuron = filter_vmap(lambda act, x: act(x), in_axes=(if_array(0), -1), out_axes=-1)
@@ -23,7 +26,7 @@ _per_neuron = filter_vmap(lambda act, x: act(x), in_axes=(if_array(0), -1), out_
 
 # `check_descendants=False`: with scan=True the hidden Linear's arrays carry a leading layer
 # axis, so `tree_at` does not check modules rebuilt below an MLP against their annotations.
-class MLP(_MLP, check_descendants=False):
+class MLP(_MLP, check_descendants=False, shapecheck=False):
     """Equinox's `nn.MLP`: `depth` hidden `Linear` layers of `width_size`, then an output layer.
 
     The same key splits and initialisation as Equinox (and `treemod.nn.MLP`). With
@@ -91,7 +94,15 @@ class MLP(_MLP, check_descendants=False):
                 use_bias,
                 use_final_bias,
                 dtype,
+                weight_init=placeholder,
+                bias_init=placeholder,
                 key=key,
+            )
+            # Equinox's draws (in the parameter dtype), and the compat `Linear` class.
+            keys = jax.random.split(key, depth + 1)
+            self.layers = tuple(
+                Linear(old.in_features, old.out_features, old.use_bias, old.weight.dtype, key=k)
+                for old, k in zip(self.layers, keys, strict=True)
             )
         else:
             require_key("MLP", key)
@@ -147,7 +158,7 @@ class MLP(_MLP, check_descendants=False):
             return self._final(self.layers[-1](x))
         first, hidden, last = self.layers
 
-        def step(h: Any, index_and_layer: tuple[Any, Linear]) -> tuple[Any, None]:
+        def step(h: Any, index_and_layer: tuple[Any, Any]) -> tuple[Any, None]:
             i, layer = index_and_layer
             return self._hidden_activation(i, layer(h)), None
 

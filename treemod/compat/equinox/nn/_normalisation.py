@@ -20,7 +20,7 @@ __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 _NO_STATE: Any = object()
 
 
-class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta):
+class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta, shapecheck=False):
     """`treemod.nn.LayerNorm`, also callable as `y, state = ln(x, state)` (state unchanged).
 
     Example:
@@ -38,7 +38,7 @@ class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta):
         return y if state is _NO_STATE else (y, state)
 
 
-class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta):
+class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta, shapecheck=False):
     """`treemod.nn.RMSNorm`, also callable as `y, state = norm(x, state)` (state unchanged).
 
     Example:
@@ -56,7 +56,7 @@ class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta):
         return y if state is _NO_STATE else (y, state)
 
 
-class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta):
+class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta, shapecheck=False):
     """`treemod.nn.GroupNorm` on one example `(C, *spatial)`, also callable with a `State`.
 
     Example:

@@ -88,7 +88,7 @@ class _EquinoxAverage(_EquinoxCeil):
         return summed / math.prod(self.kernel_size)
 
 
-class Pool(_EquinoxCeil, _Pool):
+class Pool(_EquinoxCeil, _Pool, shapecheck=False):
     """Equinox's `nn.Pool`: treemod's `Pool` with Equinox's `use_ceil`.
 
     Example:
@@ -101,19 +101,19 @@ class Pool(_EquinoxCeil, _Pool):
     """
 
 
-class MaxPool1d(_EquinoxCeil, _MaxPool1d):
+class MaxPool1d(_EquinoxCeil, _MaxPool1d, shapecheck=False):
     """Equinox's `nn.MaxPool1d` (`use_ceil` as Equinox's)."""
 
 
-class MaxPool2d(_EquinoxCeil, _MaxPool2d):
+class MaxPool2d(_EquinoxCeil, _MaxPool2d, shapecheck=False):
     """Equinox's `nn.MaxPool2d` (`use_ceil` as Equinox's)."""
 
 
-class MaxPool3d(_EquinoxCeil, _MaxPool3d):
+class MaxPool3d(_EquinoxCeil, _MaxPool3d, shapecheck=False):
     """Equinox's `nn.MaxPool3d` (`use_ceil` as Equinox's)."""
 
 
-class AvgPool1d(_EquinoxAverage, _AvgPool1d):
+class AvgPool1d(_EquinoxAverage, _AvgPool1d, shapecheck=False):
     """Equinox's `nn.AvgPool1d`: sums divided by the kernel size, `use_ceil` as Equinox's.
 
     Example:
@@ -124,11 +124,11 @@ class AvgPool1d(_EquinoxAverage, _AvgPool1d):
     """
 
 
-class AvgPool2d(_EquinoxAverage, _AvgPool2d):
+class AvgPool2d(_EquinoxAverage, _AvgPool2d, shapecheck=False):
     """Equinox's `nn.AvgPool2d`: sums divided by the kernel size, `use_ceil` as Equinox's."""
 
 
-class AvgPool3d(_EquinoxAverage, _AvgPool3d):
+class AvgPool3d(_EquinoxAverage, _AvgPool3d, shapecheck=False):
     """Equinox's `nn.AvgPool3d`: sums divided by the kernel size, `use_ceil` as Equinox's."""
 
 
@@ -167,7 +167,7 @@ class _EquinoxWindows:
         return x
 
 
-class AdaptivePool(_EquinoxWindows, _AdaptivePool):
+class AdaptivePool(_EquinoxWindows, _AdaptivePool, shapecheck=False):
     """Equinox's `nn.AdaptivePool`: any reduction over Equinox's adaptive windows.
 
     Example:
@@ -178,25 +178,25 @@ class AdaptivePool(_EquinoxWindows, _AdaptivePool):
     """
 
 
-class AdaptiveAvgPool1d(_EquinoxWindows, _AdaptiveAvgPool1d):
+class AdaptiveAvgPool1d(_EquinoxWindows, _AdaptiveAvgPool1d, shapecheck=False):
     """Equinox's `nn.AdaptiveAvgPool1d` (Equinox's windows)."""
 
 
-class AdaptiveAvgPool2d(_EquinoxWindows, _AdaptiveAvgPool2d):
+class AdaptiveAvgPool2d(_EquinoxWindows, _AdaptiveAvgPool2d, shapecheck=False):
     """Equinox's `nn.AdaptiveAvgPool2d` (Equinox's windows)."""
 
 
-class AdaptiveAvgPool3d(_EquinoxWindows, _AdaptiveAvgPool3d):
+class AdaptiveAvgPool3d(_EquinoxWindows, _AdaptiveAvgPool3d, shapecheck=False):
     """Equinox's `nn.AdaptiveAvgPool3d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool1d(_EquinoxWindows, _AdaptiveMaxPool1d):
+class AdaptiveMaxPool1d(_EquinoxWindows, _AdaptiveMaxPool1d, shapecheck=False):
     """Equinox's `nn.AdaptiveMaxPool1d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool2d(_EquinoxWindows, _AdaptiveMaxPool2d):
+class AdaptiveMaxPool2d(_EquinoxWindows, _AdaptiveMaxPool2d, shapecheck=False):
     """Equinox's `nn.AdaptiveMaxPool2d` (Equinox's windows)."""
 
 
-class AdaptiveMaxPool3d(_EquinoxWindows, _AdaptiveMaxPool3d):
+class AdaptiveMaxPool3d(_EquinoxWindows, _AdaptiveMaxPool3d, shapecheck=False):
     """Equinox's `nn.AdaptiveMaxPool3d` (Equinox's windows)."""

@@ -18,7 +18,7 @@ __all__ = ["Sequential", "Lambda"]
 _NO_STATE: Any = object()
 
 
-class Sequential(_TreemodSequential, StatefulLayer):
+class Sequential(_TreemodSequential, StatefulLayer, shapecheck=False):
     """Layers applied in order, as Equinox's `nn.Sequential`; passes a `State` along if given.
 
     `seq(x, key=key)` returns the output; `seq(x, state, key=key)` returns `(output, state)`,
@@ -81,7 +81,7 @@ class Sequential(_TreemodSequential, StatefulLayer):
         return self.layers[i]
 
 
-class Lambda(_TreemodLambda):
+class Lambda(_TreemodLambda, shapecheck=False):
     """Wrap a function as a layer (Equinox's `nn.Lambda`): the key is accepted and ignored.
 
     As in Equinox, `fn` is a pytree node rather than static, so a module or `Partial` holding

@@ -31,14 +31,14 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-class _Deleted(Module):
+class _Deleted(Module, shapecheck=False):
     """Stands for an initial value removed by `delete_init_state` (a node without leaves)."""
 
 
 _DELETED = _Deleted()
 
 
-class StateIndex(Module, Generic[_Value]):
+class StateIndex(Module, Generic[_Value], shapecheck=False):
     """A layer's handle on one entry of a `State`: a unique marker and the initial value.
 
     A stateful layer stores a `StateIndex` as a field and reads or writes its value through the
@@ -324,7 +324,7 @@ def make_with_state(make_model: Callable[_P, _T]) -> Callable[_P, tuple[_T, Stat
     return build
 
 
-class StatefulLayer(Module):
+class StatefulLayer(Module, shapecheck=False):
     """Marks a layer that `Sequential` calls as `x, state = layer(x, state)`.
 
     Subclasses may override `is_stateful` when they are stateful only sometimes (a container
