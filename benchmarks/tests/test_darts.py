@@ -3,12 +3,13 @@ search network built in PyTorch (the structure of Liu et al.'s `model_search.py`
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import pytest
 from torch import nn
 
 import treemod as tm
-from benchmarks.workloads import darts_jax, darts_treemod
+from benchmarks.workloads import darts_equinox, darts_jax, darts_treemod
 from benchmarks.workloads.common import count_params
 from benchmarks.workloads.darts_spec import DartsConfig, expected_params
 
@@ -81,6 +82,9 @@ def test_supernet_parameter_counts_match_pytorch(cfg: DartsConfig) -> None:
     assert count_params(params) == reference
     model = tm.filter_eval_shape(lambda k: darts_treemod.Network(cfg, key=k), jax.random.key(0))
     assert count_params(tm.filter(model, tm.is_param)) == reference
+    make = eqx.nn.make_with_state(darts_equinox.Network)
+    model, _ = eqx.filter_eval_shape(make, cfg, key=jax.random.key(0))
+    assert count_params(model) == reference  # the running statistics are in the state
 
 
 def test_small_config_is_the_issues_136k_weights() -> None:
