@@ -89,3 +89,15 @@ def test_supernet_parameter_counts_match_pytorch(cfg: DartsConfig) -> None:
 
 def test_small_config_is_the_issues_136k_weights() -> None:
     assert expected_params(DartsConfig.small()) == 136182
+
+
+@pytest.mark.slow  # NNX builds its module graph slowly, even under eval_shape
+@pytest.mark.parametrize("cfg", CONFIGS[:1], ids=lambda c: f"C{c.channels}x{c.cells}")
+def test_nnx_supernet_parameter_count_matches_pytorch(cfg: DartsConfig) -> None:
+    from flax import nnx  # the benchmarks' optional peer: only this test needs it
+
+    from benchmarks.workloads import darts_nnx
+
+    model = nnx.eval_shape(lambda: darts_nnx.Network(cfg, nnx.Rngs(0)))
+    params = nnx.state(model, nnx.Param)
+    assert count_params(params) == sum(p.numel() for p in _torch_supernet(cfg).parameters())
