@@ -105,7 +105,11 @@ def batch_apply(owner: str, method: Callable[..., _R], inputs: Sequence[Core]) -
         eager: _R = _eager_apply(method.__func__, method.__self__, batch, n, ranks, values)
         return eager
     args = _to_rows(batch, n, ranks, values)
-    out = filter_jit(method, explain_retraces=False)(*args)
+    core = filter_jit(method, explain_retraces=False)
+    # Every layer of a class shares its core's cache (one version per shape and configuration,
+    # as the eager cache below): many versions there are not a sign of retracing.
+    core.cache.expect_many_versions()
+    out = core(*args)
     # The reshapes keep the tree's structure and leaf types: the result has `method`'s type.
     restored: _R = jtu.tree_map(lambda o: lax.reshape(o, batch + o.shape[1:]), out)
     return restored
