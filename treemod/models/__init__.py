@@ -12,11 +12,20 @@ from treemod.models._base import (
     register_architecture,
     registered_architectures,
 )
+from treemod.models._pretrained_load import from_pretrained
+from treemod.models._pretrained_save import save_pretrained
+
+# The zoo (importing each module registers its architectures).
+from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
 
 __all__ = [
+    "GPT2LMHeadModel",
+    "GPT2Model",
     "PretrainedConfig",
     "PretrainedModel",
     "config_error",
+    "from_pretrained",
     "register_architecture",
     "registered_architectures",
+    "save_pretrained",
 ]
