@@ -80,6 +80,12 @@ from treemod._saving.equinox_format import (
     tree_serialise_leaves,
 )
 
+# PyTorch-named state dicts. They name `treemod.nn`'s layers, which their functions import at
+# their first call (see treemod/_state_dict/README.md).
+from treemod._state_dict.api import load_state_dict, state_dict
+from treemod._state_dict.hooks import register_state_dict_hooks
+from treemod._state_dict.report import StateDictMismatch, StateDictReport
+
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`. It is
 # imported at the first `tm.nn` (a third of `import treemod`'s time), not here; likewise
 # `ShapeCheckError` (with jaxtyping, half of what remained) at its first lookup (PEP 562).
@@ -183,4 +189,10 @@ __all__ = [
     "save",
     "tree_deserialise_leaves",
     "tree_serialise_leaves",
+    # PyTorch-named state dicts.
+    "StateDictMismatch",
+    "StateDictReport",
+    "load_state_dict",
+    "register_state_dict_hooks",
+    "state_dict",
 ]

@@ -21,6 +21,7 @@ LAYERS = {
     "_saving/": 6,
     "nn/": 7,
     "debug.py": 8,
+    "_state_dict/": 8,
     "compat/": 8,
     "models/": 9,
     "__init__.py": 10,
