@@ -23,7 +23,11 @@ import numpy as np
 
 from treemod._saving.errors import CheckpointError
 
-__all__ = ["CONFIG", "INDEX", "SINGLE", "Checkpoint", "TensorInfo", "read_config"]
+__all__ = ["CONFIG", "INDEX", "SINGLE", "Checkpoint", "TensorInfo", "aligned_empty", "read_config"]
+
+# Large tensors are read in row blocks of about this size, each through its own short-lived
+# mapping of the file, so that reading adds at most this much to resident memory.
+CHUNK_BYTES = 8 << 20
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -223,6 +227,27 @@ class Checkpoint:
         """The bytes of every tensor in the checkpoint."""
         return sum(t.nbytes for t in self.tensors.values())
 
+    def read_into(self, name: str, index: Sequence[slice], out: np.ndarray) -> None:
+        """Tensor `name` at `index` (one `slice(start, stop)` per axis) into `out`, cast to its
+        dtype, in row blocks of at most `CHUNK_BYTES`."""
+        info = self.tensors[name]
+        if not info.shape:
+            out[...] = self.read(name)
+            return
+        first, rest = index[0], tuple(index[1:])
+        per_row = info.dtype.itemsize * int(
+            np.prod([s.stop - s.start for s in rest], dtype=np.int64)
+        )
+        step = max(1, CHUNK_BYTES // max(per_row, 1))
+        whole = all(s.start == 0 and s.stop == n for s, n in zip(index, info.shape, strict=True))
+        if whole and first.stop - first.start <= step:
+            out[...] = self.read(name)
+            return
+        for start in range(first.start, first.stop, step):
+            stop = min(first.stop, start + step)
+            block = self.read(name, (slice(start, stop), *rest))
+            out[start - first.start : stop - first.start] = block
+
     def read(self, name: str, index: Sequence[slice] | None = None) -> np.ndarray:
         """Tensor `name` (or its slice `index`, one `slice` per axis) as a NumPy array."""
         from safetensors import SafetensorError, safe_open
@@ -244,6 +269,20 @@ class Checkpoint:
         with self._lock:
             self.bytes_read += out.nbytes
         return out
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array whose data starts on a 64-byte boundary.
+
+    `jax.device_put` of such an array on the CPU keeps its memory instead of copying it (checked
+    for JAX 0.10), so a tensor read into it is never held twice.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    out: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)
+    return out
 
 
 def directory_of(path: str | os.PathLike[str]) -> Path:

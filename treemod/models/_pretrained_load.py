@@ -26,7 +26,7 @@ from treemod._state_dict.report import StateDictMismatch, StateDictReport
 from treemod._state_dict.walk import expected_tensors, name_tensors, rebuild
 from treemod._transforms.eval_shape import filter_eval_shape
 from treemod.models._base import PretrainedModel, architecture_class
-from treemod.models._files import CONFIG, Checkpoint, directory_of, read_config
+from treemod.models._files import CONFIG, Checkpoint, aligned_empty, directory_of, read_config
 from treemod.models._plan import Computed, Recipe, Stacked, Tensor, plan, recipe_path
 from treemod.models._sharding import ShardingFunction, ShardingLike, sharding_function
 
@@ -282,25 +282,31 @@ def _normalise(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[slice, .
     return tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
 
 
+def _fill(
+    recipe: Recipe,
+    index: tuple[slice, ...],
+    out: np.ndarray,
+    checkpoint: Checkpoint,
+    source_of: Mapping[str, str],
+) -> None:
+    """Write the values of `recipe` at `index` (slices with explicit bounds) into `out`."""
+    if isinstance(recipe, Tensor):
+        checkpoint.read_into(source_of[recipe.name], index, out)
+        return
+    assert isinstance(recipe, Stacked)
+    for i, layer in enumerate(range(len(recipe.parts))[index[0]]):
+        _fill(recipe.parts[layer], index[1:], out[i], checkpoint, source_of)
+
+
 def _read(
     recipe: Recipe,
     index: tuple[slice, ...],
-    shape: tuple[int, ...],
     dtype: Any,
     checkpoint: Checkpoint,
     source_of: Mapping[str, str],
 ) -> np.ndarray:
-    """The values of `recipe` at `index` (slices with explicit bounds), in `dtype`."""
-    if isinstance(recipe, Tensor):
-        whole = all(s.start == 0 and s.stop == n for s, n in zip(index, shape, strict=True))
-        array = checkpoint.read(source_of[recipe.name], None if whole else index)
-        return array.astype(dtype, copy=False)
-    assert isinstance(recipe, Stacked)
-    layers = range(len(recipe.parts))[index[0]]
-    out = np.empty((len(layers), *(s.stop - s.start for s in index[1:])), dtype)
-    for i, layer in enumerate(layers):
-        part = recipe.parts[layer]
-        out[i] = _read(part, index[1:], shape[1:], dtype, checkpoint, source_of)
+    out = aligned_empty(tuple(s.stop - s.start for s in index), dtype)
+    _fill(recipe, index, out, checkpoint, source_of)
     return out
 
 
@@ -313,7 +319,7 @@ def _materialise(
 ) -> jax.Array:
     shape, dtype = tuple(leaf.shape), leaf.dtype
     if place is None:
-        return jnp.asarray(_read(recipe, _full(shape), shape, dtype, checkpoint, source_of))
+        return jax.device_put(_read(recipe, _full(shape), dtype, checkpoint, source_of))
     where = place(recipe_path(recipe, "?"), shape, dtype)
     done: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
@@ -321,7 +327,7 @@ def _materialise(
         bounds = _full(shape) if index is None else _normalise(index, shape)
         k = tuple((s.start, s.stop) for s in bounds)
         if k not in done:  # devices holding the same slice read it once
-            done[k] = _read(recipe, bounds, shape, dtype, checkpoint, source_of)
+            done[k] = _read(recipe, bounds, dtype, checkpoint, source_of)
         return done[k]
 
     return jax.make_array_from_callback(shape, where, callback)
