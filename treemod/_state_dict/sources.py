@@ -117,7 +117,9 @@ class _SafetensorsSource(Source):
         import safetensors
 
         self.path = paths[0] if len(paths) == 1 else None
-        self.description = paths[0] if len(paths) == 1 else f"{len(paths)} safetensors files"
+        self.description = (
+            paths[0] if len(paths) == 1 else f"the checkpoint in {len(paths)} safetensors files"
+        )
         self.files: list[Any] = []
         self.file_of: dict[str, tuple[str, Any]] = {}
         try:
