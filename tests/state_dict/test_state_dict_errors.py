@@ -168,3 +168,9 @@ def test_layers_pytorch_cannot_mirror_are_refused_by_name() -> None:
         tm.CheckpointError, match=r"SpectralNorm at '0': SpectralNorm of a ConvTranspose2d"
     ):
         tm.state_dict(sn)
+
+
+def test_two_tensors_under_one_name_are_refused() -> None:
+    model = {"fc": {"weight": jnp.ones(2)}, "fc.weight": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"two tensors of the model are named 'fc.weight'"):
+        tm.state_dict(model)

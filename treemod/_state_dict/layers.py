@@ -355,8 +355,17 @@ NATIVE_HOOKS: dict[type, StateDictHooks[Any]] = {
     nn.Shared: _pair(_shared_to, _shared_from),
     nn.BatchNorm: _pair(_batch_norm_to, _batch_norm_from),
     nn.PReLU: _pair(_prelu_to, _prelu_from),
-    nn.Conv: _pair(_conv_to, _conv_from),
-    nn.ConvTranspose: _pair(_conv_transpose_to, _conv_transpose_from),
+    # Each dimension named too: the mapping must not depend on the classes' hierarchy.
+    **{cls: _pair(_conv_to, _conv_from) for cls in (nn.Conv, nn.Conv1d, nn.Conv2d, nn.Conv3d)},
+    **{
+        cls: _pair(_conv_transpose_to, _conv_transpose_from)
+        for cls in (
+            nn.ConvTranspose,
+            nn.ConvTranspose1d,
+            nn.ConvTranspose2d,
+            nn.ConvTranspose3d,
+        )
+    },
     nn.MultiheadAttention: _pair(_mha_to, _mha_from),
     nn.LSTMCell: _pair(_lstm_to, _lstm_from),
     nn.GRUCell: _pair(_gru_to, _gru_from),

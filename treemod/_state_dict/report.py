@@ -42,7 +42,7 @@ class StateDictMismatch:
         found = _describe(self.found_shape, self.found_dtype)
         needed = _describe(self.expected_shape, self.expected_dtype)
         if self.found_shape == self.expected_shape:
-            needed += f" (a {self.expected_dtype} tensor cannot hold {self.found_dtype} values)"
+            needed += f" (its {self.expected_dtype} tensor cannot hold {self.found_dtype} values)"
         return f"{self.name}: found {found}, the model needs {needed}"
 
 

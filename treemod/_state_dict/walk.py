@@ -83,6 +83,11 @@ def _name_into(node: Any, natives: Natives, prefix: str, out: dict[str, Any]) ->
     if is_tensor(node):
         if not prefix:
             raise ValueError("state_dict: the model is a bare array; it has no name to give.")
+        if prefix in out:
+            raise ValueError(
+                f"state_dict: two tensors of the model are named {prefix!r} (a dict key or a "
+                "hook's entry repeats another name); rename one of them."
+            )
         out[prefix] = node
         return
     if isinstance(node, State):
