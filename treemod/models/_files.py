@@ -1,16 +1,19 @@
 """Reading a Hugging Face checkpoint directory: `config.json`, the safetensors files, the index.
 
-`Checkpoint` knows every tensor's file, dtype and shape from the headers alone, and reads one
-tensor (or one slice of it) at a time with the `safetensors` library. Each read opens the file
-and closes it again: safetensors maps the whole file into memory, and pages of a mapping that
-stays open count as resident memory, so a long-lived handle would hold a second copy of the
-weights by the end of a load. Reopening costs a header parse (microseconds for a few hundred
-tensors). `bytes_read` counts the tensor bytes read, for the multi-process test.
+`Checkpoint` knows every tensor's file, dtype, shape and offset from the headers alone (each
+header validated by the `safetensors` library), and reads one tensor, or one slice of it, at a
+time. Blocks of whole rows are read with `os.preadv` into the caller's buffer (one copy, from
+the page cache); other slices through safetensors' `get_slice`. Each safetensors read opens the
+file and closes it again: safetensors maps the whole file into memory, and pages of a mapping
+that stays open count as resident memory, so a long-lived handle would hold a second copy of
+the weights by the end of a load. `bytes_read` counts the tensor bytes read (the multi-process
+test checks that each process reads only its shards).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import threading
@@ -28,6 +31,8 @@ __all__ = ["CONFIG", "INDEX", "SINGLE", "Checkpoint", "TensorInfo", "aligned_emp
 # Large tensors are read in row blocks of about this size, each through its own short-lived
 # mapping of the file, so that reading adds at most this much to resident memory.
 CHUNK_BYTES = 8 << 20
+# Arrays at least this large are allocated as populated memory maps (see `aligned_empty`).
+_MAPPED_BYTES = 1 << 20
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
@@ -61,6 +66,7 @@ class TensorInfo:
     file: Path
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
+    offset: int  # where its bytes start in the file
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +108,18 @@ def _jnp_dtype(name: str) -> Any:
     import jax.numpy as jnp  # bfloat16 and float8 are ml_dtypes' types, which jnp names
 
     return jnp.dtype(name)
+
+
+def _data_offsets(file: Path) -> dict[str, int]:
+    """Each tensor's first byte in `file`, from its header (already checked by safetensors)."""
+    with file.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {
+        name: 8 + n + int(entry["data_offsets"][0])
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
 
 
 def _header_problem(file: Path) -> str:
@@ -200,12 +218,14 @@ class Checkpoint:
         except SafetensorError as e:
             raise CheckpointError(f"{file} is damaged: {_header_problem(file)} ({e}).") from None
         self.metadata[file.name] = dict(metadata)
+        offsets = _data_offsets(file)
         for name, code, shape in described:
             if name in self.tensors:
                 raise CheckpointError(
                     f"tensor {name!r} is in both {self.tensors[name].file} and {file}."
                 )
-            self.tensors[name] = TensorInfo(name, file, _np_dtype(code, name, file), shape)
+            dtype = _np_dtype(code, name, file)
+            self.tensors[name] = TensorInfo(name, file, dtype, shape, offsets[name])
 
     def _check_index(self, index: Path) -> None:
         for name, shard in sorted(self._weight_map.items()):
@@ -229,24 +249,61 @@ class Checkpoint:
 
     def read_into(self, name: str, index: Sequence[slice], out: np.ndarray) -> None:
         """Tensor `name` at `index` (one `slice(start, stop)` per axis) into `out`, cast to its
-        dtype, in row blocks of at most `CHUNK_BYTES`."""
+        dtype.
+
+        A block of whole rows (every axis but the first in full) is one range of the file: it is
+        read with `os.preadv` straight into `out` (measured on a 1.4 GB file: 0.5 s, against
+        2.7 s for safetensors' `load_file`, whose arrays are views of a memory map paid for
+        page by page, and no second copy). Other slices go through safetensors' `get_slice`,
+        in row blocks of at most `CHUNK_BYTES`.
+        """
         info = self.tensors[name]
         if not info.shape:
             out[...] = self.read(name)
             return
         first, rest = index[0], tuple(index[1:])
-        per_row = info.dtype.itemsize * int(
-            np.prod([s.stop - s.start for s in rest], dtype=np.int64)
+        extents = [s.stop - s.start for s in rest]
+        per_row = info.dtype.itemsize * int(np.prod(extents, dtype=np.int64))
+        rows_whole = all(
+            s.start == 0 and s.stop == n for s, n in zip(rest, info.shape[1:], strict=True)
         )
-        step = max(1, CHUNK_BYTES // max(per_row, 1))
-        whole = all(s.start == 0 and s.stop == n for s, n in zip(index, info.shape, strict=True))
-        if whole and first.stop - first.start <= step:
-            out[...] = self.read(name)
+        if rows_whole:
+            self._pread_rows(info, first.start, first.stop, per_row, out)
             return
+        step = max(1, CHUNK_BYTES // max(per_row, 1))
         for start in range(first.start, first.stop, step):
             stop = min(first.stop, start + step)
             block = self.read(name, (slice(start, stop), *rest))
             out[start - first.start : stop - first.start] = block
+
+    def _pread_rows(
+        self, info: TensorInfo, start: int, stop: int, per_row: int, out: np.ndarray
+    ) -> None:
+        direct = out.dtype == info.dtype and out.flags.c_contiguous
+        step = max(1, CHUNK_BYTES // max(per_row, 1))
+        fd = os.open(info.file, os.O_RDONLY)
+        try:
+            for row in range(start, stop, step):
+                end = min(stop, row + step)
+                target = out[row - start : end - start]
+                block = target if direct else np.empty(target.shape, info.dtype)
+                view = memoryview(block.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                position, done = info.offset + row * per_row, 0
+                while done < len(view):
+                    got = os.preadv(fd, [view[done:]], position + done)
+                    if got <= 0:
+                        raise CheckpointError(
+                            f"{info.file}: reading tensor {info.name!r} stopped at byte "
+                            f"{position + done}: the file is shorter than its header says "
+                            f"(truncated or rewritten since it was opened)."
+                        )
+                    done += got
+                if not direct:
+                    target[...] = block
+                with self._lock:
+                    self.bytes_read += len(view)
+        finally:
+            os.close(fd)
 
     def read(self, name: str, index: Sequence[slice] | None = None) -> np.ndarray:
         """Tensor `name` (or its slice `index`, one `slice` per axis) as a NumPy array."""
@@ -272,13 +329,23 @@ class Checkpoint:
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialised array whose data starts on a 64-byte boundary.
+    """An uninitialised array whose data starts on a 64-byte boundary, for a tensor to be read.
 
     `jax.device_put` of such an array on the CPU keeps its memory instead of copying it (checked
-    for JAX 0.10), so a tensor read into it is never held twice.
+    for JAX 0.10), so a tensor read into it is never held twice. Large arrays are anonymous
+    memory maps populated up front (`MAP_POPULATE`, Linux): every byte is about to be
+    written, and one system call that maps all pages costs far less than a fault per page
+    (measured in a virtual machine: 1.4 GB in 2.3 s populated, 5.3 s faulted page by page,
+    13.8 s with NumPy's huge-page advice).
     """
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    populate = getattr(mmap, "MAP_POPULATE", None)
+    if nbytes >= _MAPPED_BYTES and populate is not None:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate
+        mapped: np.ndarray = np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype, count)
+        return mapped.reshape(shape)
     raw = np.empty(nbytes + 64, np.uint8)
     start = (-raw.ctypes.data) % 64
     out: np.ndarray = raw[start : start + nbytes].view(dtype).reshape(shape)

@@ -126,14 +126,20 @@ def from_pretrained(
     cls = architecture_class(architectures[0], str(directory / CONFIG))
     checkpoint = Checkpoint(directory)
     model_dtype = jnp.dtype(dtype) if dtype is not None else _checkpoint_dtype(checkpoint)
-    key = jax.random.key(0) if key is None else key
 
     def build(k: Any) -> PretrainedModel:
         return cls.from_config(config, key=k, dtype=model_dtype)
 
-    skeleton = filter_eval_shape(build, key)
+    # An abstract key: making a concrete one compiles a program (~0.7 s), needed only when a
+    # partial load leaves tensors to draw at random.
+    abstract_key = jax.eval_shape(jax.random.key, 0) if key is None else key
+    skeleton = filter_eval_shape(build, abstract_key)
+
+    def build_concrete() -> PretrainedModel:
+        return build(jax.random.key(0) if key is None else key)
+
     loaded, report = load_into(
-        skeleton, checkpoint, strict=strict, sharding=sharding, build=lambda: build(key)
+        skeleton, checkpoint, strict=strict, sharding=sharding, build=build_concrete
     )
     return loaded if strict else (loaded, report)
 
@@ -319,7 +325,8 @@ def _materialise(
 ) -> jax.Array:
     shape, dtype = tuple(leaf.shape), leaf.dtype
     if place is None:
-        return jax.device_put(_read(recipe, _full(shape), dtype, checkpoint, source_of))
+        array: jax.Array = jax.device_put(_read(recipe, _full(shape), dtype, checkpoint, source_of))
+        return array
     where = place(recipe_path(recipe, "?"), shape, dtype)
     done: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
