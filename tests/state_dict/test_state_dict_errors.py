@@ -150,6 +150,12 @@ def test_loading_into_an_abstract_model() -> None:
     np.testing.assert_array_equal(np.asarray(loaded.fc.weight), good()["fc.weight"])
     with pytest.raises(ValueError, match=r"state_dict: tensor 'fc.weight' has no value"):
         tm.state_dict(skeleton)
+    partial = good()
+    del partial["fc.bias"]
+    loaded, report = tm.load_state_dict(skeleton, partial, strict=False)
+    assert report.missing == ("fc.bias",)
+    assert isinstance(loaded.fc.bias, jax.ShapeDtypeStruct)
+    np.testing.assert_array_equal(np.asarray(loaded.bn.bias), partial["bn.bias"])
 
 
 def test_layers_pytorch_cannot_mirror_are_refused_by_name() -> None:

@@ -107,7 +107,8 @@ def load_state_dict(
     Arguments:
         model: the model to load into (it is not changed). It may be abstract (from
             `treemod.filter_eval_shape`, its arrays `jax.ShapeDtypeStruct`s): a strict load
-            then fills every array without building the model's own first.
+            then fills every array without building the model's own first; a non-strict one
+            leaves `jax.ShapeDtypeStruct`s where nothing loaded (the report names them).
         state_dict: a mapping from names to NumPy arrays, JAX arrays or torch tensors (torch is
             never imported by treemod; tensors are converted through NumPy), or the path of a
             `.safetensors` file (or a list of paths: a sharded checkpoint), read one tensor at a
@@ -153,7 +154,9 @@ def load_state_dict(
     finally:
         source.close()
     if not report.complete:
-        current = name_tensors(model, NATIVE_HOOKS)
+        # The model's own values where nothing loaded (abstract ones stay abstract).
+        abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model))
+        current = expected if abstract else name_tensors(model, NATIVE_HOOKS)
         values.update((name, current[name]) for name in expected if name not in values)
     new: _M = rebuild(model, values, NATIVE_HOOKS)
     return new if strict else (new, report)
