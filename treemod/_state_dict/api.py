@@ -150,13 +150,15 @@ def load_state_dict(
         report, fits = _compare(expected, source)
         if strict and not report.complete:
             raise CheckpointError(_message(model, source, report))
-        values = {name: _convert(source.read(name), expected[name].dtype) for name in fits}
+        values: dict[str, Any] = {
+            name: _convert(source.read(name), expected[name].dtype) for name in fits
+        }
     finally:
         source.close()
     if not report.complete:
         # The model's own values where nothing loaded (abstract ones stay abstract).
         abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model))
-        current = expected if abstract else name_tensors(model, NATIVE_HOOKS)
+        current: Mapping[str, Any] = expected if abstract else name_tensors(model, NATIVE_HOOKS)
         values.update((name, current[name]) for name in expected if name not in values)
     new: _M = rebuild(model, values, NATIVE_HOOKS)
     return new if strict else (new, report)
