@@ -51,6 +51,10 @@ def layers(draw: st.DrawFn) -> Make:
         return lambda k: nn.BatchNorm(a, channelwise_affine=bias)
     if kind == "stack":
         depth = draw(st.integers(1, 3))
+        if draw(st.booleans()):  # State inside a Stack: BatchNorm's statistics get a layer axis
+            return lambda k: nn.Stack(
+                lambda kk: nn.BatchNorm(a, channelwise_affine=bias), depth, key=k
+            )
         return lambda k: nn.Stack(lambda kk: nn.Linear(a, a, use_bias=bias, key=kk), depth, key=k)
     axis = draw(st.sampled_from([0, 1, None]))
     return lambda k: nn.WeightNorm(nn.Linear(a, b, use_bias=bias, key=k), axis=axis)
