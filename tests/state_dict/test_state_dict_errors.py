@@ -171,9 +171,17 @@ def test_layers_pytorch_cannot_mirror_are_refused_by_name() -> None:
         tm.load_state_dict(mha, {})
     sn = [nn.SpectralNorm(nn.ConvTranspose2d(2, 3, 2, key=key), key=key)]
     with pytest.raises(
-        tm.CheckpointError, match=r"SpectralNorm at '0': SpectralNorm of a ConvTranspose2d"
+        tm.CheckpointError,
+        match=r"SpectralNorm at '0': SpectralNorm of a ConvTranspose2d has no PyTorch twin: "
+        r"PyTorch stores its 'weight' in another layout",
     ):
         tm.state_dict(sn)
+    wn = {"wn": nn.WeightNorm(nn.Conv2d(2, 3, 2, key=key, channels_last=True))}
+    with pytest.raises(
+        tm.CheckpointError,
+        match=r"WeightNorm at 'wn': WeightNorm of a Conv2d \(channels_last=True\)",
+    ):
+        tm.load_state_dict(wn, {})
 
 
 def test_two_tensors_under_one_name_are_refused() -> None:

@@ -277,14 +277,19 @@ def _gru_from(cell: nn.GRUCell, t: Entries) -> nn.GRUCell:
 
 
 def _inner_entries(wrapper: Any, kind: str) -> tuple[dict[str, Any], Any]:
-    """The wrapped layer's entries without its weight, and the weight (in PyTorch's layout)."""
-    entries = entries_of(wrapper.layer, NATIVE_HOOKS)
+    """The wrapped layer's entries without its weight, and the weight.
+
+    Refused where the layer's PyTorch twin stores the weight in another layout (a transposed
+    or channels-last convolution's kernel): the wrapper's norm runs over the stored axes, so it
+    would mean something else in PyTorch's layout."""
+    layer = wrapper.layer
+    entries = entries_of(layer, NATIVE_HOOKS)
     name = wrapper.weight_name
-    if name not in entries:
+    if entries.get(name) is not getattr(layer, name, None):
+        last = " (channels_last=True)" if getattr(layer, "channels_last", False) else ""
         raise CheckpointError(
-            f"{kind}'s weight {name!r} of {type(wrapper.layer).__name__} has no PyTorch name "
-            "of its own (the layer's hooks pack it), so PyTorch's parametrisation cannot be "
-            "named; refused."
+            f"{kind} of a {type(layer).__name__}{last} has no PyTorch twin: PyTorch stores "
+            f"its {name!r} in another layout, so the norm would run over other axes; refused."
         )
     weight = entries.pop(name)
     return entries, weight
@@ -293,7 +298,7 @@ def _inner_entries(wrapper: Any, kind: str) -> tuple[dict[str, Any], Any]:
 def _weight_norm_to(wn: nn.WeightNorm[Any]) -> Entries:
     """`WeightNorm`: `parametrizations.<weight>.original0` (the norm `g`) and `.original1`
     (the direction `v`), as PyTorch's `parametrizations.weight_norm`; for `axis=None` PyTorch's
-    `g` is a scalar."""
+    `g` is a scalar. Refused for transposed and channels-last convolutions (`_inner_entries`)."""
     entries, weight = _inner_entries(wn, "WeightNorm")
     g = jnp.reshape(wn.g, ()) if wn.axis is None else wn.g
     base = f"parametrizations.{wn.weight_name}"
@@ -313,15 +318,7 @@ def _weight_norm_from(wn: nn.WeightNorm[Any], t: Entries) -> nn.WeightNorm[Any]:
 def _spectral_norm_to(sn: nn.SpectralNorm[Any]) -> Entries:
     """`SpectralNorm`: `parametrizations.<weight>.original` and the power-iteration vectors
     `parametrizations.<weight>.0._u`, `._v`, as PyTorch's `parametrizations.spectral_norm`.
-    Refused where PyTorch's matrix differs from treemod's (`weight.reshape(shape[0], -1)`):
-    transposed convolutions (PyTorch uses `dim=1`) and channels-last kernels."""
-    layer = sn.layer
-    if isinstance(layer, nn.ConvTranspose) or getattr(layer, "channels_last", False):
-        raise CheckpointError(
-            f"SpectralNorm of a {type(layer).__name__}"
-            f"{' (channels-last)' if not isinstance(layer, nn.ConvTranspose) else ''} has no "
-            "PyTorch twin: PyTorch's spectral_norm reads that weight as a different matrix."
-        )
+    Refused for transposed and channels-last convolutions (see `_inner_entries`)."""
     entries, weight = _inner_entries(sn, "SpectralNorm")
     base = f"parametrizations.{sn.weight_name}"
     return {
