@@ -16,16 +16,42 @@ from treemod.models._pretrained_load import from_pretrained
 from treemod.models._pretrained_save import save_pretrained
 
 # The zoo (importing each module registers its architectures).
+from treemod.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
 from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
+from treemod.models.llama import LlamaForCausalLM, LlamaModel
+from treemod.models.llama_variants import (
+    MistralForCausalLM,
+    MistralModel,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+)
+from treemod.models.resnet import ResNetForImageClassification, ResNetModel
+from treemod.models.vit import ViTForImageClassification, ViTModel
 
 __all__ = [
-    "GPT2LMHeadModel",
-    "GPT2Model",
+    # Loading and saving.
+    "from_pretrained",
+    "save_pretrained",
+    # Building blocks of the zoo.
     "PretrainedConfig",
     "PretrainedModel",
     "config_error",
-    "from_pretrained",
     "register_architecture",
     "registered_architectures",
-    "save_pretrained",
+    # The zoo.
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertModel",
+    "GPT2LMHeadModel",
+    "GPT2Model",
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "MistralForCausalLM",
+    "MistralModel",
+    "Qwen2ForCausalLM",
+    "Qwen2Model",
+    "ResNetForImageClassification",
+    "ResNetModel",
+    "ViTForImageClassification",
+    "ViTModel",
 ]
