@@ -188,3 +188,16 @@ def test_two_tensors_under_one_name_are_refused() -> None:
     model = {"fc": {"weight": jnp.ones(2)}, "fc.weight": jnp.ones(2)}
     with pytest.raises(ValueError, match=r"two tensors of the model are named 'fc.weight'"):
         tm.state_dict(model)
+
+
+def test_loaded_arrays_do_not_alias_the_source() -> None:
+    """Training the PyTorch model on (in place) after loading leaves the treemod model alone."""
+    ref = torch.nn.Linear(64, 64)
+    sd = {"weight": ref.weight, "bias": ref.bias.detach().numpy()}
+    loaded = tm.load_state_dict(nn.Linear(64, 64, key=jax.random.key(0)), sd)
+    before = np.array(loaded.weight), np.array(loaded.bias)
+    with torch.no_grad():
+        ref.weight.add_(1.0)
+        ref.bias.add_(1.0)
+    np.testing.assert_array_equal(np.asarray(loaded.weight), before[0])
+    np.testing.assert_array_equal(np.asarray(loaded.bias), before[1])
