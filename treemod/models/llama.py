@@ -211,11 +211,16 @@ class LlamaModel(PretrainedModel):
 
     @classmethod
     def _build(
-        cls, config: PretrainedConfig, v: Mapping[str, Any], key: PRNGKeyArray, dtype: Any
+        cls,
+        config: PretrainedConfig,
+        v: Mapping[str, Any],
+        key: PRNGKeyArray,
+        dtype: Any,
+        owner: str | None = None,
     ) -> Self:
-        owner = cls.__name__
+        owner = cls.__name__ if owner is None else owner
         dtype = jnp.float32 if dtype is None else dtype
-        params = rope_config(owner, config, v["max_position_embeddings"])
+        params = rope_config(owner, v, v["max_position_embeddings"])
         rope = Rope.from_config(owner, params, v["head_dim"], v["max_position_embeddings"])
         k_embed, k_layers = jax.random.split(key)
         return cls(
@@ -321,7 +326,7 @@ class LlamaForCausalLM(PretrainedModel):
         config = PretrainedConfig(config)
         v = _values(cls.__name__, cls.model_type, config)
         k_body, k_head = jax.random.split(key)
-        body = cls.body._build(config, v, k_body, dtype)
+        body = cls.body._build(config, v, k_body, dtype, cls.__name__)
         head = None
         if not v["tie_word_embeddings"]:
             head = nn.Linear(
