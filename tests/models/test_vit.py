@@ -20,6 +20,7 @@ import torch
 import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.numpy import load_file
 
 import treemod as tm
 from treemod.models.vit import ViTForImageClassification, ViTModel
@@ -134,6 +135,21 @@ def test_config_space_equals_transformers(data: st.DataObject) -> None:
     model = _ours(name, hf)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16), "seed"))
     inputs = {"pixel_values": _pixels(rng, data.draw(st.integers(1, 2), "batch"), config)}
+    assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_files_transformers_writes_load_through_checkpoint_key(name: str, tmp_path: Any) -> None:
+    """transformers' files keep ViT's older names (encoder.layer.0.attention.attention.query)."""
+    hf = _hf(name, TINY)
+    hf.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert any(".attention.attention.query." in k for k in tensors)
+    cls = CLASSES[name][0]
+    config = json.loads((tmp_path / "config.json").read_text())
+    model = cls.from_config(config, key=jax.random.key(0))
+    model = tm.load_state_dict(model, {cls.checkpoint_key(k): v for k, v in tensors.items()})
+    inputs = {"pixel_values": _pixels(np.random.default_rng(5), 1, TINY)}
     assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
 
 
