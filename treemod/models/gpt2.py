@@ -11,7 +11,7 @@ per-layer attention scale of `scale_attn_by_inverse_layer_idx`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,10 @@ GPT2_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 """`transformers.GPT2Config`'s defaults for the values the models read."""
+
+IGNORED_KEYS = ("attn.bias", "crossattention.bias")
+"""Regular expressions (searched in names) of the tensors `transformers` skips when loading a
+GPT-2 checkpoint: old files hold the causal-mask buffer `h.N.attn.bias` (and `masked_bias`)."""
 
 _ALIASES = {
     "hidden_size": "n_embd",
@@ -240,6 +244,8 @@ class GPT2Model(PretrainedModel):
 
     architecture = "GPT2Model"
     model_type = "gpt2"
+    base_model_prefix: ClassVar[str] = "transformer"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
 
     wte: nn.Embedding
     wpe: nn.Embedding
@@ -353,6 +359,8 @@ class GPT2LMHeadModel(PretrainedModel):
 
     architecture = "GPT2LMHeadModel"
     model_type = "gpt2"
+    base_model_prefix: ClassVar[str] = "transformer"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
 
     transformer: GPT2Model
     lm_head: nn.Linear | None

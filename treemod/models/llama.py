@@ -82,6 +82,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 """The `transformers` config classes' defaults for the values the models read."""
 
+IGNORED_KEYS = (r"rotary_emb\.inv_freq",)
+"""Regular expressions (searched in names) of the tensors `transformers` skips when loading:
+old Llama checkpoints hold each layer's `self_attn.rotary_emb.inv_freq` buffer."""
+
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -178,6 +182,8 @@ class LlamaModel(PretrainedModel):
 
     architecture: ClassVar[str] = "LlamaModel"
     model_type: ClassVar[str] = "llama"
+    base_model_prefix: ClassVar[str] = "model"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
 
     embed_tokens: nn.Embedding
     layers: nn.Stack
@@ -300,6 +306,8 @@ class LlamaForCausalLM(PretrainedModel):
 
     architecture: ClassVar[str] = "LlamaForCausalLM"
     model_type: ClassVar[str] = "llama"
+    base_model_prefix: ClassVar[str] = "model"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
     body: ClassVar[type[LlamaModel]] = LlamaModel
 
     model: LlamaModel
