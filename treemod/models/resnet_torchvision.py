@@ -7,8 +7,7 @@ torchvision checkpoint as it is, BatchNorm's running statistics included, and
 bottleneck strides its 3x3 convolution (torchvision's "ResNet V1.5"). Built in inference mode.
 """
 
-# exports: TorchvisionResNet, resnet18, resnet34, resnet50, resnet101, resnet152,
-# exports: resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, wide_resnet50_2, wide_resnet101_2
+# exports: TorchvisionResNet, resnet18, resnet34, resnet50, resnet101, resnet152, resnext50_32x4d, resnext101_32x8d, resnext101_64x4d, wide_resnet50_2, wide_resnet101_2  # noqa: E501
 
 from __future__ import annotations
 
