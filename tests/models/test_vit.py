@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
 import treemod as tm
-from treemod.models.vit import ViTForImageClassification, ViTModel
+from treemod.models import ViTForImageClassification, ViTModel, from_pretrained, save_pretrained
 
 CLASSES = {
     "ViTModel": (ViTModel, transformers.ViTModel),
@@ -139,18 +139,21 @@ def test_config_space_equals_transformers(data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
-def test_files_transformers_writes_load_through_checkpoint_key(name: str, tmp_path: Any) -> None:
-    """transformers' files keep ViT's older names (encoder.layer.0.attention.attention.query)."""
+def test_save_pretrained_directories_both_ways(name: str, tmp_path: Any) -> None:
+    """transformers' files keep ViT's older names (encoder.layer.0.attention.attention.query);
+    from_pretrained reads them, and transformers reads what save_pretrained writes."""
     hf = _hf(name, TINY)
-    hf.save_pretrained(tmp_path)
-    tensors = load_file(str(tmp_path / "model.safetensors"))
+    hf.save_pretrained(tmp_path / "hf")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert any(".attention.attention.query." in k for k in tensors)
-    cls = CLASSES[name][0]
-    config = json.loads((tmp_path / "config.json").read_text())
-    model = cls.from_config(config, key=jax.random.key(0))
-    model = tm.load_state_dict(model, {cls.checkpoint_key(k): v for k, v in tensors.items()})
+    model = from_pretrained(tmp_path / "hf")
+    assert type(model) is CLASSES[name][0]
     inputs = {"pixel_values": _pixels(np.random.default_rng(5), 1, TINY)}
     assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
+    save_pretrained(model, tmp_path / "ours")
+    again, info = CLASSES[name][1].from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
+    assert _relative_error(_run(model, inputs), _reference(again.eval(), inputs)) < 1e-5
 
 
 def test_explicit_head_dim_is_read() -> None:

@@ -4,16 +4,14 @@
 `...mlp.fc1.weight` in memory, but its files (the Hub's, and what `save_pretrained` writes)
 keep the older names `vit.encoder.layer.{i}.attention.attention.query.weight`; it renames them
 when loading. These classes carry the in-memory names, so `tm.load_state_dict` takes
-`hf_model.state_dict()` as it is; `checkpoint_key` renames a file's tensor name the way
-`transformers` does (and `transformers` loads files written with the in-memory names too).
-Models are built in inference mode (dropout off).
+`hf_model.state_dict()` as it is; `from_pretrained` and `save_pretrained` rename to and from
+the files' names as `transformers` does. Models are built in inference mode (dropout off).
 """
 
 # exports: ViTModel, ViTForImageClassification
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -55,46 +53,6 @@ _DEFAULTS: dict[str, Any] = {
     "pooler_output_size": None,
     "pooler_act": "tanh",
 }
-
-
-# transformers' conversion_mapping for ViT: a file's (older) tensor names -> in-memory names.
-_FILE_RENAMES = tuple(
-    (re.compile(pattern), replacement)
-    for pattern, replacement in (
-        (r"(^|\.)encoder\.layer\.(\d+)\.", r"\1layers.\2."),
-        (r"(layers\.\d+\.attention)\.attention\.query\.", r"\1.q_proj."),
-        (r"(layers\.\d+\.attention)\.attention\.key\.", r"\1.k_proj."),
-        (r"(layers\.\d+\.attention)\.attention\.value\.", r"\1.v_proj."),
-        (r"(layers\.\d+\.attention)\.output\.dense\.", r"\1.o_proj."),
-        (r"(layers\.\d+)\.intermediate\.dense\.", r"\1.mlp.fc1."),
-        (r"(layers\.\d+)\.output\.dense\.", r"\1.mlp.fc2."),
-    )
-)
-
-
-def checkpoint_key(name: str) -> str:
-    """The in-memory name of a tensor named `name` in a ViT checkpoint file.
-
-    `transformers` writes ViT's files with its older names
-    (`vit.encoder.layer.0.attention.attention.query.weight`) and renames them when loading;
-    this does the same renaming (names already in-memory are returned unchanged).
-
-    Arguments:
-        name: a tensor name from a `model.safetensors` file.
-
-    Returns:
-        The name under `tm.state_dict(model)`.
-
-    Example:
-        >>> from treemod.models.vit import checkpoint_key
-        >>> checkpoint_key("vit.encoder.layer.3.attention.attention.query.weight")
-        'vit.layers.3.attention.q_proj.weight'
-        >>> checkpoint_key("encoder.layer.0.output.dense.bias")
-        'layers.0.mlp.fc2.bias'
-    """
-    for pattern, replacement in _FILE_RENAMES:
-        name = pattern.sub(replacement, name)
-    return name
 
 
 def _pair(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, int]:
@@ -305,7 +263,6 @@ class ViTModel(PretrainedModel):
 
     architecture = "ViTModel"
     model_type = "vit"
-    checkpoint_key = staticmethod(checkpoint_key)
 
     embeddings: ViTEmbeddings
     layers: nn.Stack
@@ -397,7 +354,6 @@ class ViTForImageClassification(PretrainedModel):
 
     architecture = "ViTForImageClassification"
     model_type = "vit"
-    checkpoint_key = staticmethod(checkpoint_key)
 
     vit: ViTModel
     classifier: nn.Linear | nn.Identity
