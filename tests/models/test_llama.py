@@ -65,6 +65,10 @@ def test_padded_positions_match_eager_attention() -> None:
     ids, mask = padded_batch(100)
     want = hf_output(hf, input_ids=ids, attention_mask=mask)
     assert relative_error(run(model, {"input_ids": ids, "attention_mask": mask}), want) <= RTOL
+    # Masks of any dtype: nonzero is a token, as transformers reads them.
+    for dtype in (bool, np.float32):
+        got = run(model, {"input_ids": ids, "attention_mask": mask.astype(dtype)})
+        assert relative_error(got, want) <= RTOL, dtype
     # Eagerly too, without a mask.
     assert relative_error(model(input_ids=ids), hf_output(hf, input_ids=ids)) <= RTOL
 

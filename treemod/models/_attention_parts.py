@@ -36,6 +36,7 @@ def token_inputs(
 
     Returns:
         `(input_ids, attention_mask, position_ids)` as JAX arrays (the last two may be `None`),
+        the mask boolean (nonzero is a token, of any dtype, as `transformers` reads it),
         `position_ids` broadcast to `(batch, seq)`.
     """
     if input_ids is None:
@@ -55,6 +56,7 @@ def token_inputs(
                 f"(1 for real tokens, 0 for padding); got {list(mask.shape)}. Prepared 4-D masks "
                 "and masks longer than the input (a cache's) are not accepted."
             )
+        mask = mask.astype(bool)
     positions = None
     if position_ids is not None:
         positions = jnp.asarray(position_ids)
@@ -112,7 +114,7 @@ def causal_mask(
         allowed &= index[None, :] > index[:, None] - sliding_window
     mask = jnp.asarray(allowed)[None, None]
     if attention_mask is not None:
-        return mask & (attention_mask != 0)[:, None, None, :]
+        return mask & attention_mask.astype(bool)[:, None, None, :]
     if position_ids is not None:
         # transformers' find_packed_sequence_indices: with no jump anywhere every token is in
         # sequence 0 and this changes nothing, so it applies unconditionally.
