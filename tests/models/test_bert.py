@@ -22,7 +22,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treemod as tm
-from treemod.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
+from treemod.models import (
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    from_pretrained,
+    save_pretrained,
+)
 
 CLASSES = {
     "BertModel": (BertModel, transformers.BertModel),
@@ -128,6 +134,20 @@ def test_round_trip_treemod_to_transformers(tie: bool) -> None:
     inputs = _inputs(np.random.default_rng(1), 2, 7, config)
     assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
     assert (model.cls.predictions.decoder is None) == tie
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_save_pretrained_directories_both_ways(name: str, tmp_path: Any) -> None:
+    hf = _hf(name, TINY)
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_pretrained(tmp_path / "hf")
+    assert type(model) is CLASSES[name][0]
+    inputs = _inputs(np.random.default_rng(6), 2, 5, TINY)
+    assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
+    save_pretrained(model, tmp_path / "ours")
+    again, info = CLASSES[name][1].from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
+    assert _relative_error(_run(model, inputs), _reference(again.eval(), inputs)) < 1e-5
 
 
 def test_position_ids_and_inputs_embeds() -> None:

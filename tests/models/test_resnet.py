@@ -24,7 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treemod as tm
-from treemod.models.resnet import ResNetForImageClassification, ResNetModel
+from treemod.models import (
+    ResNetForImageClassification,
+    ResNetModel,
+    from_pretrained,
+    save_pretrained,
+)
 
 CLASSES = {
     "ResNetModel": (ResNetModel, transformers.ResNetModel),
@@ -110,6 +115,20 @@ def test_running_statistics_load_and_export() -> None:
     fresh.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in exported.items()})
     pixels = _pixels(1, 2)
     assert _relative_error(_reference(fresh, pixels), _reference(hf, pixels)) == 0
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_save_pretrained_directories_both_ways(name: str, tmp_path: Any) -> None:
+    hf = _hf(name, {**TINY, "layer_type": "basic"})
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_pretrained(tmp_path / "hf")
+    assert type(model) is CLASSES[name][0]
+    pixels = _pixels(3, 2)
+    assert _relative_error(_run(model, pixels), _reference(hf, pixels)) < 1e-5
+    save_pretrained(model, tmp_path / "ours")
+    again, info = CLASSES[name][1].from_pretrained(tmp_path / "ours", output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])
+    assert _relative_error(_run(model, pixels), _reference(again.eval(), pixels)) < 1e-5
 
 
 def test_training_mode_equals_transformers_train() -> None:
