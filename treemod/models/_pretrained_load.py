@@ -26,7 +26,15 @@ from treemod._state_dict.report import StateDictMismatch, StateDictReport
 from treemod._state_dict.walk import expected_tensors, name_tensors, rebuild
 from treemod._transforms.eval_shape import filter_eval_shape
 from treemod.models._base import PretrainedModel, architecture_class
-from treemod.models._files import CONFIG, Checkpoint, aligned_empty, directory_of, read_config
+from treemod.models._files import (
+    CONFIG,
+    Checkpoint,
+    TensorInfo,
+    aligned_empty,
+    directory_of,
+    read_config,
+)
+from treemod.models._names import base_prefix, ignored, model_names
 from treemod.models._plan import Computed, Recipe, Stacked, Tensor, plan, recipe_path
 from treemod.models._sharding import ShardingFunction, ShardingLike, sharding_function
 
@@ -161,10 +169,14 @@ def _compatible(found: Any, needed: Any) -> bool:
 
 
 def _compare(
-    expected: Mapping[str, jax.ShapeDtypeStruct], checkpoint: Checkpoint, tied: Mapping[str, str]
+    expected: Mapping[str, jax.ShapeDtypeStruct],
+    files: Mapping[str, TensorInfo],
+    tied: Mapping[str, str],
+    directory: str,
+    model_type: str,
 ) -> tuple[StateDictReport, dict[str, str], list[tuple[str, str]]]:
-    """The report, which file tensor each expected name reads, and the tied pairs to check."""
-    files = checkpoint.tensors
+    """The report, which tensor each expected name reads, and the tied pairs to check (all by
+    the model's names; `files` holds the checkpoint's tensors under the model's names)."""
     source_of: dict[str, str] = {n: n for n in expected if n in files}
     to_check: list[tuple[str, str]] = []
     for alias, target in tied.items():
@@ -175,7 +187,7 @@ def _compare(
                 source_of[target] = alias
     used = set(source_of.values()) | {a for a, _ in to_check}
     missing = tuple(sorted(n for n in expected if n not in source_of))
-    unexpected = tuple(sorted(n for n in files if n not in used))
+    unexpected = tuple(sorted(n for n in files if n not in used and not ignored(n, model_type)))
     mismatched: list[StateDictMismatch] = []
     for name in list(source_of):
         info, needed = files[source_of[name]], expected[name]
@@ -192,17 +204,16 @@ def _compare(
             mismatched.append(StateDictMismatch(alias, shape, dtype, info.shape, str(info.dtype)))
             to_check.remove((alias, target))
     mismatched.sort(key=lambda m: m.name)
-    report = StateDictReport(missing, unexpected, tuple(mismatched), str(checkpoint.directory))
+    report = StateDictReport(missing, unexpected, tuple(mismatched), directory)
     return report, source_of, to_check
 
 
-def _message(model: Any, checkpoint: Checkpoint, report: StateDictReport) -> str:
+def _message(model: Any, files: Mapping[str, TensorInfo], report: StateDictReport) -> str:
     lines = [
-        f"from_pretrained({type(model).__name__}): the tensors in {checkpoint.directory} do "
+        f"from_pretrained({type(model).__name__}): the tensors in {report.source} do "
         f"not match the model:",
         report.describe(),
     ]
-    files = checkpoint.tensors
     for m in report.mismatched:
         lines.append(f"  {m.name} is in {files[m.name].file.name}")
     for n in report.unexpected:
@@ -246,16 +257,22 @@ def load_into(
     """
     expected = expected_tensors(skeleton, NATIVE_HOOKS)
     tied = skeleton.tied_weights() if isinstance(skeleton, PretrainedModel) else {}
-    report, source_of, to_check = _compare(expected, checkpoint, tied)
+    model_type = getattr(type(skeleton), "model_type", "")
+    wanted = {**expected, **dict.fromkeys(tied)}
+    names = model_names(checkpoint.tensors, wanted, model_type, base_prefix(skeleton))
+    files = {name: checkpoint.tensors[file] for name, file in names.items()}
+    directory = str(checkpoint.directory)
+    report, source_of, to_check = _compare(expected, files, tied, directory, model_type)
     if strict and not report.complete:
-        raise CheckpointError(_message(skeleton, checkpoint, report))
+        raise CheckpointError(_message(skeleton, files, report))
+    source_of = {name: files[source].name for name, source in source_of.items()}
     for alias, target in to_check:
-        if not _tied_equal(checkpoint, alias, target):
+        if not _tied_equal(checkpoint, files[alias].name, files[target].name):
             if strict:
                 raise CheckpointError(
                     f"from_pretrained({type(skeleton).__name__}): {alias} (in "
-                    f"{checkpoint.tensors[alias].file.name}) is tied to {target} (in "
-                    f"{checkpoint.tensors[target].file.name}) but holds other values; the "
+                    f"{files[alias].file.name}) is tied to {target} (in "
+                    f"{files[target].file.name}) but holds other values; the "
                     f"model holds one array for both. Nothing was loaded."
                 )
             report = StateDictReport(

@@ -25,6 +25,7 @@ from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import name_tensors
 from treemod.models._base import PretrainedModel
 from treemod.models._files import CONFIG, INDEX, SINGLE, directory_of
+from treemod.models._names import file_name
 
 __all__ = ["parse_size", "save_pretrained"]
 
@@ -62,7 +63,7 @@ def _host(value: Any) -> np.ndarray:
             "save_pretrained: the model holds arrays split across processes; gather them on "
             "one process first (jax.experimental.multihost_utils.process_allgather)."
         )
-    return np.ascontiguousarray(np.asarray(value))
+    return np.asarray(value, order="C")  # (ascontiguousarray would make a scalar 1-d)
 
 
 def _dtype_name(tensors: dict[str, Any]) -> str:
@@ -117,9 +118,10 @@ def save_pretrained(
         )
     limit = parse_size(max_shard_size)
     directory = directory_of(path)
-    tensors = name_tensors(model, NATIVE_HOOKS)
+    named = name_tensors(model, NATIVE_HOOKS)
     for alias in model.tied_weights():
-        tensors.pop(alias, None)
+        named.pop(alias, None)
+    tensors = {file_name(name, type(model).model_type): value for name, value in named.items()}
     config = model.config.to_dict()
     config["architectures"] = [type(model).architecture]
     config["model_type"] = type(model).model_type
