@@ -189,6 +189,12 @@ class PretrainedModel(Module):
     config: PretrainedConfig = field(static=True)
     architecture: ClassVar[str]
     model_type: ClassVar[str]
+    # The field holding the base model in a class with a head (`"transformer"` in GPT-2), so
+    # that a base model's checkpoint loads into it; "" for none.
+    base_model_prefix: ClassVar[str] = ""
+    # Regular expressions (`re.search`) of file tensors loading skips without a word, as
+    # `transformers` does for the class (old files' buffers, e.g. GPT-2's `attn.bias`).
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abc.abstractmethod

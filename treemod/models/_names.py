@@ -14,8 +14,9 @@ rule). The files can differ from them in three ways, each handled as `transforme
 - **Legacy LayerNorm names**: `LayerNorm.gamma` / `LayerNorm.beta` (old BERT checkpoints) for
   `LayerNorm.weight` / `LayerNorm.bias`.
 
-Old GPT-2 files also hold the causal-mask buffers (`h.0.attn.bias`), which `transformers`
-ignores when loading; so does treemod (`ignored`).
+Old files also hold buffers the model has no place for (GPT-2's causal mask `h.0.attn.bias`),
+which `transformers` skips by its class's `keys_to_ignore_on_load_unexpected`; so does treemod,
+by the zoo class's attribute of that name (`ignored`).
 
 The last two apply to a name only where it makes the name one the model expects.
 """
@@ -60,18 +61,12 @@ _LEGACY = [
 ]
 
 
-# model_type -> tensors that old files hold and the model has no place for, loaded by
-# `transformers` without a word (`_keys_to_ignore_on_load_unexpected`): GPT-2's causal-mask
-# buffers.
-_IGNORED = {
-    "gpt2": re.compile(r"(^|\.)(attn\.bias|attn\.masked_bias|crossattention\.bias)$"),
-}
-
-
-def ignored(name: str, model_type: str) -> bool:
-    """Whether an unexpected tensor `name` is one `transformers` ignores for `model_type`."""
-    pattern = _IGNORED.get(model_type)
-    return pattern is not None and pattern.search(name) is not None
+def ignored(name: str, model_cls: type) -> bool:
+    """Whether an unexpected tensor `name` is one `transformers` skips when loading the class:
+    a match (`re.search`) of its `keys_to_ignore_on_load_unexpected` (GPT-2's causal-mask
+    buffers, Llama's `rotary_emb.inv_freq`)."""
+    patterns = getattr(model_cls, "keys_to_ignore_on_load_unexpected", ())
+    return any(re.search(p, name) for p in patterns)
 
 
 def _apply(name: str, renames: Iterable[tuple[str, str]]) -> str:
@@ -82,14 +77,19 @@ def _apply(name: str, renames: Iterable[tuple[str, str]]) -> str:
 
 def base_prefix(model: Any) -> str | None:
     """The field holding the base model inside a model with a head (`transformer` in GPT-2's
-    `GPT2LMHeadModel`), found as the field whose value is itself a zoo model; None if none."""
+    `GPT2LMHeadModel`): the class's `base_model_prefix` when the model has that field, else the
+    field whose value is itself a zoo model; None for a base model."""
     from treemod.models._base import PretrainedModel
 
     if not dataclasses.is_dataclass(model):
         return None
-    for field in dataclasses.fields(model):
-        if isinstance(getattr(model, field.name, None), PretrainedModel):
-            return field.name
+    declared = getattr(type(model), "base_model_prefix", "")
+    names = [field.name for field in dataclasses.fields(model)]
+    if declared and declared in names:
+        return str(declared)
+    for name in names:
+        if isinstance(getattr(model, name, None), PretrainedModel):
+            return name
     return None
 
 

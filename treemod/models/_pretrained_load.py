@@ -173,7 +173,7 @@ def _compare(
     files: Mapping[str, TensorInfo],
     tied: Mapping[str, str],
     directory: str,
-    model_type: str,
+    model_cls: type,
 ) -> tuple[StateDictReport, dict[str, str], list[tuple[str, str]]]:
     """The report, which tensor each expected name reads, and the tied pairs to check (all by
     the model's names; `files` holds the checkpoint's tensors under the model's names)."""
@@ -187,7 +187,7 @@ def _compare(
                 source_of[target] = alias
     used = set(source_of.values()) | {a for a, _ in to_check}
     missing = tuple(sorted(n for n in expected if n not in source_of))
-    unexpected = tuple(sorted(n for n in files if n not in used and not ignored(n, model_type)))
+    unexpected = tuple(sorted(n for n in files if n not in used and not ignored(n, model_cls)))
     mismatched: list[StateDictMismatch] = []
     for name in list(source_of):
         info, needed = files[source_of[name]], expected[name]
@@ -262,7 +262,7 @@ def load_into(
     names = model_names(checkpoint.tensors, wanted, model_type, base_prefix(skeleton))
     files = {name: checkpoint.tensors[file] for name, file in names.items()}
     directory = str(checkpoint.directory)
-    report, source_of, to_check = _compare(expected, files, tied, directory, model_type)
+    report, source_of, to_check = _compare(expected, files, tied, directory, type(skeleton))
     if strict and not report.complete:
         raise CheckpointError(_message(skeleton, files, report))
     source_of = {name: files[source].name for name, source in source_of.items()}
