@@ -26,6 +26,19 @@ from treemod.models.llama_variants import (
     Qwen2Model,
 )
 from treemod.models.resnet import ResNetForImageClassification, ResNetModel
+from treemod.models.resnet_torchvision import (
+    TorchvisionResNet,
+    resnet18,
+    resnet34,
+    resnet50,
+    resnet101,
+    resnet152,
+    resnext50_32x4d,
+    resnext101_32x8d,
+    resnext101_64x4d,
+    wide_resnet50_2,
+    wide_resnet101_2,
+)
 from treemod.models.vit import ViTForImageClassification, ViTModel
 
 __all__ = [
@@ -52,6 +65,17 @@ __all__ = [
     "Qwen2Model",
     "ResNetForImageClassification",
     "ResNetModel",
+    "TorchvisionResNet",
     "ViTForImageClassification",
     "ViTModel",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
 ]
