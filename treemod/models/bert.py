@@ -182,6 +182,7 @@ class BertModel(PretrainedModel):
 
     architecture = "BertModel"
     model_type = "bert"
+    base_model_prefix = "bert"
 
     embeddings: BertEmbeddings
     encoder: BertEncoder
@@ -307,6 +308,7 @@ class BertForMaskedLM(PretrainedModel):
 
     architecture = "BertForMaskedLM"
     model_type = "bert"
+    base_model_prefix = "bert"
 
     bert: BertModel
     cls: BertOnlyMLMHead
@@ -391,6 +393,7 @@ class BertForSequenceClassification(PretrainedModel):
 
     architecture = "BertForSequenceClassification"
     model_type = "bert"
+    base_model_prefix = "bert"
 
     bert: BertModel
     dropout: nn.Dropout

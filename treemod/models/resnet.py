@@ -250,6 +250,7 @@ class ResNetModel(PretrainedModel):
 
     architecture = "ResNetModel"
     model_type = "resnet"
+    base_model_prefix = "resnet"
 
     embedder: ResNetEmbeddings
     encoder: ResNetEncoder
@@ -308,6 +309,7 @@ class ResNetForImageClassification(PretrainedModel):
 
     architecture = "ResNetForImageClassification"
     model_type = "resnet"
+    base_model_prefix = "resnet"
 
     resnet: ResNetModel
     classifier: tuple[nn.Identity, nn.Linear | nn.Identity]

@@ -263,6 +263,7 @@ class ViTModel(PretrainedModel):
 
     architecture = "ViTModel"
     model_type = "vit"
+    base_model_prefix = "vit"
 
     embeddings: ViTEmbeddings
     layers: nn.Stack
@@ -354,6 +355,7 @@ class ViTForImageClassification(PretrainedModel):
 
     architecture = "ViTForImageClassification"
     model_type = "vit"
+    base_model_prefix = "vit"
 
     vit: ViTModel
     classifier: nn.Linear | nn.Identity
