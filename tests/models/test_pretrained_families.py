@@ -210,3 +210,20 @@ def test_a_file_with_a_head_loads_into_the_base_model_reporting_the_head(tmp_pat
     assert not report.mismatched
     inputs = _inputs("bert")
     _close(model(**inputs), _hf_out(hf.bert, inputs))
+
+
+def test_architecture_chooses_another_class_than_the_config(tmp_path: Path) -> None:
+    hf = _hf("BertForMaskedLM")
+    hf.save_pretrained(tmp_path)
+    inputs = _inputs("bert")
+    model, report = from_pretrained(tmp_path, architecture="BertModel", strict=False)
+    assert type(model).__name__ == "BertModel" and report.unexpected
+    _close(model(**inputs), _hf_out(hf.bert, inputs))
+    from treemod.models import BertModel
+
+    again, _ = from_pretrained(tmp_path, architecture=BertModel, strict=False)
+    _close(again(**inputs), _hf_out(hf.bert, inputs))
+    with pytest.raises(tm.CheckpointError, match=r"architecture='BertForPreTraining'.*known: "):
+        from_pretrained(tmp_path, architecture="BertForPreTraining")
+    with pytest.raises(TypeError, match=r"architecture=Linear\): not a subclass"):
+        from_pretrained(tmp_path, architecture=tm.nn.Linear)  # type: ignore[arg-type]

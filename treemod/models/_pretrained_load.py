@@ -49,6 +49,7 @@ def from_pretrained(
     strict: Literal[True] = True,
     sharding: ShardingLike | None = None,
     key: Any = None,
+    architecture: str | type[PretrainedModel] | None = None,
 ) -> PretrainedModel: ...
 
 
@@ -60,6 +61,7 @@ def from_pretrained(
     strict: Literal[False],
     sharding: ShardingLike | None = None,
     key: Any = None,
+    architecture: str | type[PretrainedModel] | None = None,
 ) -> tuple[PretrainedModel, StateDictReport]: ...
 
 
@@ -70,6 +72,7 @@ def from_pretrained(
     strict: bool = True,
     sharding: ShardingLike | None = None,
     key: Any = None,
+    architecture: str | type[PretrainedModel] | None = None,
 ) -> PretrainedModel | tuple[PretrainedModel, StateDictReport]:
     """Load a local Hugging Face checkpoint directory into the treemod model its config names.
 
@@ -97,6 +100,11 @@ def from_pretrained(
             shards its devices hold. Default: the default device.
         key: the PRNG key for `from_config` when `strict=False` leaves tensors missing
             (default `jax.random.key(0)`).
+        architecture: the class to build instead of the config's `architectures[0]`: a
+            registered name (`"GPT2Model"`) or a `PretrainedModel` subclass. A checkpoint of a
+            model with a head loads into its base model this way (the head's tensors are then
+            unexpected: pass `strict=False`), and a base model's checkpoint into the model with
+            a head (as `transformers`' `GPT2LMHeadModel.from_pretrained` does).
 
     Returns:
         The model, or `(model, report)` with `strict=False`.
@@ -124,14 +132,24 @@ def from_pretrained(
     """
     directory = directory_of(path)
     config = read_config(directory)
-    architectures = config.get("architectures")
-    if not (isinstance(architectures, list) and architectures):
-        raise CheckpointError(
-            f"{directory / CONFIG} has no 'architectures' list naming the model class (e.g. "
-            f'"architectures": ["GPT2LMHeadModel"]); add it, or build the model with its '
-            f"class's from_config and load the weights with tm.load_state_dict."
-        )
-    cls = architecture_class(architectures[0], str(directory / CONFIG))
+    if isinstance(architecture, type):
+        if not issubclass(architecture, PretrainedModel):
+            raise TypeError(
+                f"from_pretrained(architecture={architecture.__name__}): not a subclass of "
+                f"treemod.models.PretrainedModel."
+            )
+        cls = architecture
+    elif architecture is not None:
+        cls = architecture_class(architecture, f"from_pretrained(architecture={architecture!r})")
+    else:
+        architectures = config.get("architectures")
+        if not (isinstance(architectures, list) and architectures):
+            raise CheckpointError(
+                f"{directory / CONFIG} has no 'architectures' list naming the model class "
+                f'(e.g. "architectures": ["GPT2LMHeadModel"]); add it, or pass '
+                f"architecture='GPT2LMHeadModel' (or the class)."
+            )
+        cls = architecture_class(architectures[0], str(directory / CONFIG))
     checkpoint = Checkpoint(directory)
     model_dtype = jnp.dtype(dtype) if dtype is not None else _checkpoint_dtype(checkpoint)
 
