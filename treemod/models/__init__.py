@@ -12,6 +12,7 @@ from treemod.models._base import (
     register_architecture,
     registered_architectures,
 )
+from treemod.models._generate import generate
 from treemod.models._pretrained_load import from_pretrained
 from treemod.models._pretrained_save import save_pretrained
 
@@ -45,6 +46,7 @@ __all__ = [
     # Loading and saving.
     "from_pretrained",
     "save_pretrained",
+    "generate",
     # Building blocks of the zoo.
     "PretrainedConfig",
     "PretrainedModel",
