@@ -63,10 +63,14 @@ _LEGACY = [
 
 def ignored(name: str, model_cls: type) -> bool:
     """Whether an unexpected tensor `name` is one `transformers` skips when loading the class:
-    a match (`re.search`) of its `keys_to_ignore_on_load_unexpected` (GPT-2's causal-mask
-    buffers, Llama's `rotary_emb.inv_freq`)."""
+    one of its `keys_to_ignore_on_load_unexpected` (GPT-2's causal-mask buffers `attn.bias`,
+    Llama's `rotary_emb.inv_freq`) matching the end of the name from a dot on.
+
+    `transformers` searches the patterns anywhere in the name, so its GPT-2 pattern `attn.bias`
+    also hides an unexpected `h.2.attn.c_attn.bias` (a tensor of a layer the config does not
+    have); matching whole trailing components skips the buffers only."""
     patterns = getattr(model_cls, "keys_to_ignore_on_load_unexpected", ())
-    return any(re.search(p, name) for p in patterns)
+    return any(re.search(rf"(?:^|\.)(?:{p})$", name) for p in patterns)
 
 
 def _apply(name: str, renames: Iterable[tuple[str, str]]) -> str:
