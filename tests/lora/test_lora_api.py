@@ -185,3 +185,22 @@ def test_save_adapter_refuses_merged_and_plain_models(tmp_path: Any) -> None:
     )
     with pytest.raises(ValueError, match=r"LoRA layers differ in r \(\['2', '3'\]\)"):
         lora.save_adapter(both, tmp_path)
+
+
+def test_dropout_needs_a_key_in_training_and_matches_a_manual_mask() -> None:
+    model = nn.Sequential([nn.Linear(4, 4, key=jax.random.key(0))])
+    tuned = lora.add_lora(model, ["0"], r=2, alpha=2, dropout=0.5, key=jax.random.key(1))
+    tuned = tm.tree_at(lambda m: m.layers[0].lora_B.weight, tuned, jnp.ones((4, 2)))
+    x = jnp.ones((3, 4))
+    with pytest.raises(ValueError, match=r"LoRALinear: lora_dropout=0.5 needs a key"):
+        tuned.layers[0](x)
+    layer = tuned.layers[0]
+    key = jax.random.key(7)
+    mask = np.asarray(nn.Dropout(0.5)(jnp.ones((3, 4)), key=key))  # the same draw, as values
+    a, b = np.asarray(layer.lora_A.weight), np.asarray(layer.lora_B.weight)
+    want = np.asarray(model.layers[0](x)) + ((np.asarray(x) * mask) @ a.T) @ b.T
+    np.testing.assert_allclose(layer(x, key=key), want, rtol=1e-6)
+    evaluated = nn.inference_mode(tuned).layers[0]
+    np.testing.assert_allclose(
+        evaluated(x), np.asarray(model.layers[0](x)) + (np.asarray(x) @ a.T) @ b.T, rtol=1e-6
+    )

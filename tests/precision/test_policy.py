@@ -166,3 +166,25 @@ def test_bad_policy_names_the_field() -> None:
         precision.Policy(compute_dtype=jnp.int8)
     with pytest.raises(TypeError, match="apply_policy: pass either a Policy"):
         precision.apply_policy(_cnn(), precision.Policy(), output_dtype=jnp.float16)
+
+
+def test_lora_under_a_policy_trains_float32_adapters_with_bfloat16_matmuls() -> None:
+    import treemod.lora as lora
+
+    model = LlamaForCausalLM.from_config(LLAMA, key=jax.random.key(0))
+    tuned = lora.add_lora(model, ["q_proj", "v_proj"], r=4, alpha=8, key=jax.random.key(1))
+    mixed = precision.apply_policy(tuned, jnp.bfloat16)
+    adapters, frozen = tm.partition(mixed, lora.trainable(mixed))
+    ids = jnp.array([[1, 2, 3, 4]])
+
+    def loss(adapters: Any) -> Any:
+        return jnp.mean(tm.combine(adapters, frozen)(input_ids=ids))
+
+    jaxpr, _, _ = tm.filter_make_jaxpr(tm.filter_grad(loss))(adapters)
+    matmuls = [
+        e for w, e in _eqns(jaxpr.jaxpr) if "Linear" in w and e.primitive.name == "dot_general"
+    ]
+    assert matmuls and all(_dtypes(e) == {"bfloat16"} for e in matmuls)
+    grads = tm.filter_grad(loss)(adapters)
+    leaves = jax.tree_util.tree_leaves(grads)
+    assert len(leaves) == 4 and {g.dtype for g in leaves} == {jnp.dtype(jnp.float32)}

@@ -61,7 +61,18 @@ class LoRALayer(Module):
         y = self.base_layer(x)
         if self.merged:
             return y  # type: ignore[no-any-return]
-        h = x if self.lora_dropout.p == 0 else self.lora_dropout(x, key=key)
+        dropout = self.lora_dropout
+        if isinstance(dropout.p, int | float) and dropout.p == 0 or dropout.inference:
+            h = x
+        elif key is None:
+            raise ValueError(
+                f"{type(self).__name__}: lora_dropout={dropout.p} needs a key in training mode, "
+                "and the layer was called without one (treemod's zoo models pass no key to "
+                "their projections). Use dropout=0.0, or treemod.nn.inference_mode(model) to "
+                "evaluate."
+            )
+        else:
+            h = dropout(x, key=key)
         h = h.astype(self.lora_A.weight.dtype) if jnp.issubdtype(h.dtype, jnp.floating) else h
         return y + self.lora_B(self.lora_A(h)) * self.scaling  # type: ignore[no-any-return]
 
