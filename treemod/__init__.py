@@ -30,6 +30,8 @@ from treemod._module.module import (
 )
 from treemod._module.partial import Partial
 from treemod._module.enumeration import Enumeration
+from treemod._display.hook import treescope_repr as _treescope_repr
+from treemod._display.summary import ModelSummary, summary
 
 # State.
 from treemod._module.state import State, is_param, is_state, stateful, update_state
@@ -95,6 +97,10 @@ if _typing.TYPE_CHECKING:
     from . import nn as nn
     from treemod._shapecheck.checker import ShapeCheckError as ShapeCheckError
 
+# treescope's extension hook: treescope calls it on any module, whichever of the two was
+# imported first; the renderer (treemod/_display/treescope_view.py) loads at the first render.
+Module.__treescope_repr__ = _treescope_repr  # type: ignore[attr-defined]
+
 
 def __getattr__(name: str) -> _typing.Any:
     if name == "nn":
@@ -132,6 +138,8 @@ __all__ = [
     "tree_pformat",
     "tree_pprint",
     "tree_summary",
+    "ModelSummary",
+    "summary",
     # The Module core.
     "AbstractClassVar",
     "AbstractVar",

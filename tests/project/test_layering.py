@@ -24,6 +24,7 @@ LAYERS = {
     "_state_dict/": 8,
     "compat/": 8,
     "models/": 9,
+    "_display/": 9,
     "lora/": 9,
     "precision/": 9,
     "__init__.py": 10,
