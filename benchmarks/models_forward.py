@@ -15,6 +15,7 @@ layers, 4 KV heads, 128 tokens), BERT-base (128 tokens), ViT-base/16 at 224, Res
 32x32): a smoke run, not a measurement.
 
     python -m benchmarks.models_forward [--quick] [--families bert,vit] [--rounds N] [--compile]
+        [--threads N]
 
 The last line printed is a JSON summary.
 """
@@ -218,6 +219,21 @@ def _measure(
     return times
 
 
+def _limit_threads(n: int) -> None:
+    import os
+    import sys
+
+    import torch
+
+    torch.set_num_threads(n)
+    if "jax" not in sys.modules:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_cpu_multi_thread_eigen={'true' if n > 1 else 'false'} "
+            f"intra_op_parallelism_threads={n}"
+        ).strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print one line per family and a JSON summary last."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -225,13 +241,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="add torch.compile")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for both (torch.set_num_threads; XLA's Eigen pool, if jax is not "
+        "imported yet); 1 is steadier on a loaded machine",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        _limit_threads(args.threads)
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
     rounds = args.rounds or (3 if args.quick else 10)
-    summary: dict[str, Any] = {"rounds": rounds, "quick": args.quick, "families": {}}
+    summary: dict[str, Any] = {
+        "rounds": rounds,
+        "quick": args.quick,
+        "threads": args.threads,
+        "families": {},
+    }
     for family in families:
         reference, model, inputs = _pair(family, args.quick)
         runs, error, notes = _contenders(reference, model, inputs, args.compile)
