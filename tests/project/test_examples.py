@@ -54,7 +54,7 @@ def _number(pattern: str, text: str) -> float:
 
 
 def test_every_example_has_a_quick_test() -> None:
-    tested = {"digits_cnn.py", "char_transformer.py", "pretrained.py"}
+    tested = {"digits_cnn.py", "char_transformer.py", "pretrained.py", "finetune_generate.py"}
     assert {p.name for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"} == tested
 
 
@@ -71,7 +71,9 @@ def test_digits_cnn_quick(tmp_path: pathlib.Path) -> None:
     assert re.search(r"test accuracy [\d.]+% (is below|reaches) the 97% target", out)
 
 
-@pytest.mark.parametrize("name", ["digits_cnn.py", "char_transformer.py", "pretrained.py"])
+@pytest.mark.parametrize(
+    "name", ["digits_cnn.py", "char_transformer.py", "pretrained.py", "finetune_generate.py"]
+)
 def test_every_option_has_help_and_a_default(name: str) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--help"],
@@ -112,3 +114,19 @@ def test_pretrained_quick() -> None:
     # transformers is a test dependency, so the comparison runs here.
     assert _number(r"largest difference from transformers \(relative\): ([\d.e+-]+)", out) <= 1e-5
     assert "reloaded equal: True" in out
+
+
+def test_finetune_generate_quick(tmp_path: pathlib.Path) -> None:
+    adapter = tmp_path / "adapter"
+    out = _run_example("finetune_generate.py", "--adapter-dir", str(adapter), "--no-progress")
+    assert "in LoRA adapters (r=4); computing in bfloat16" in out
+    before = _number(r"validation loss before: ([\d.]+)", out)
+    after = _number(r"validation loss after 8 steps: ([\d.]+)", out)
+    assert 0 < after < before + 0.5  # a few steps: it runs and stays sane, no threshold
+    assert (
+        "saved the adapter in PEFT's format: adapter_config.json, adapter_model.safetensors" in out
+    )
+    assert (adapter / "adapter_config.json").exists()
+    assert "reloaded adapter equal: True" in out
+    assert _number(r"reloaded adapter equal: True, validation loss ([\d.]+)", out) == after
+    assert "sample before:" in out and "sample after:" in out
