@@ -93,3 +93,11 @@ def test_stack_row_and_uncalled_layers() -> None:
 def test_not_a_module_is_an_error_naming_the_type() -> None:
     with pytest.raises(TypeError, match="summary: expected a treemod Module, got function"):
         tm.summary(lambda x: x, jnp.ones(2))
+
+
+def test_a_failing_call_leaves_the_classes_unchanged() -> None:
+    mlp = nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
+    before = dict(nn.Linear.__dict__), dict(nn.MLP.__dict__)
+    with pytest.raises(ValueError, match="Linear"):
+        tm.summary(mlp, jnp.ones((3, 5)))  # 5 features where the first layer takes 4
+    assert (dict(nn.Linear.__dict__), dict(nn.MLP.__dict__)) == before
