@@ -25,6 +25,8 @@ from treemod._module.abstract import AbstractClassVar, AbstractVar
 from treemod._module.module import FrozenModuleError, Module, field
 from treemod._module.partial import Partial
 from treemod._module.enumeration import Enumeration
+from treemod._display.hook import treescope_repr as _treescope_repr
+from treemod._display.summary import ModelSummary, summary
 
 # State.
 from treemod._module.state import State, is_param, is_state, stateful, update_state
@@ -68,6 +70,12 @@ from treemod._shapecheck.config import (
 from treemod._saving.errors import CheckpointError
 from treemod._saving.checkpoint import load, save
 
+# PyTorch-named state dicts. They name `treemod.nn`'s layers, which their functions import at
+# their first call (see treemod/_state_dict/README.md).
+from treemod._state_dict.api import load_state_dict, state_dict
+from treemod._state_dict.hooks import register_state_dict_hooks
+from treemod._state_dict.report import StateDictMismatch, StateDictReport
+
 # The layers live in `treemod.nn`, importable as `tm.nn` after `import treemod as tm`. It is
 # imported at the first `tm.nn` (a third of `import treemod`'s time), not here; likewise
 # `ShapeCheckError` (with jaxtyping, half of what remained) at its first lookup (PEP 562).
@@ -75,15 +83,26 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     __version__: str
+    from . import lora as lora
+    from . import models as models
     from . import nn as nn
+    from . import precision as precision
     from treemod._shapecheck.checker import ShapeCheckError as ShapeCheckError
+
+# treescope's extension hook: treescope calls it on any module, whichever of the two was
+# imported first; the renderer (treemod/_display/treescope_view.py) loads at the first render.
+Module.__treescope_repr__ = _treescope_repr  # type: ignore[attr-defined]
+
+
+# Subpackages loaded at their first use as attributes (`tm.nn.Linear`, `tm.models.GPT2Model`).
+_LAZY_SUBPACKAGES = ("nn", "models", "lora", "precision")
 
 
 def __getattr__(name: str) -> _typing.Any:
-    if name == "nn":
+    if name in _LAZY_SUBPACKAGES:
         import importlib
 
-        return importlib.import_module("treemod.nn")
+        return importlib.import_module(f"treemod.{name}")
     if name == "ShapeCheckError":
         from treemod._shapecheck import checker
 
@@ -95,7 +114,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "nn", "ShapeCheckError", "__version__"})
+    return sorted({*globals(), *_LAZY_SUBPACKAGES, "ShapeCheckError", "__version__"})
 
 
 def _version() -> str:
@@ -128,6 +147,8 @@ __all__ = [
     "tree_pformat",
     "tree_pprint",
     "tree_summary",
+    "ModelSummary",
+    "summary",
     # The Module core.
     "AbstractClassVar",
     "AbstractVar",
@@ -180,4 +201,10 @@ __all__ = [
     "CheckpointError",
     "load",
     "save",
+    # PyTorch-named state dicts.
+    "StateDictMismatch",
+    "StateDictReport",
+    "load_state_dict",
+    "register_state_dict_hooks",
+    "state_dict",
 ]

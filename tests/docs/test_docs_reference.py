@@ -1,5 +1,7 @@
-"""Every public name of treemod and treemod.nn has a `::: treemod.NAME` entry in docs/api."""
+"""Every public name of treemod, treemod.nn, treemod.models, treemod.lora and
+treemod.precision has a `::: treemod.NAME` entry in docs/api."""
 
+import importlib
 import pathlib
 import re
 
@@ -19,6 +21,8 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     nn = getattr(treemod, "nn", None)
     if nn is not None:
         modules["treemod.nn"] = nn
+    for name in ("treemod.models", "treemod.lora", "treemod.precision"):
+        modules[name] = importlib.import_module(name)
     missing = [
         f"{prefix}.{name}"
         for prefix, module in modules.items()

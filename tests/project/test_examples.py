@@ -32,6 +32,8 @@ def _run_example(name: str, *args: str) -> str:
         # One CPU device, as on a user's machine (conftest asks for eight), compiled at the
         # suite's optimisation level 0 (the same operations, compiled faster: ~30% of a run).
         XLA_FLAGS="--xla_backend_optimization_level=0",
+        # This checkout's treemod, whichever one is installed.
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
     )
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--quick", *args],
@@ -54,7 +56,7 @@ def _number(pattern: str, text: str) -> float:
 
 
 def test_every_example_has_a_quick_test() -> None:
-    tested = {"digits_cnn.py", "char_transformer.py"}
+    tested = {"digits_cnn.py", "char_transformer.py", "pretrained.py", "finetune_generate.py"}
     assert {p.name for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"} == tested
 
 
@@ -71,7 +73,9 @@ def test_digits_cnn_quick(tmp_path: pathlib.Path) -> None:
     assert re.search(r"test accuracy [\d.]+% (is below|reaches) the 97% target", out)
 
 
-@pytest.mark.parametrize("name", ["digits_cnn.py", "char_transformer.py"])
+@pytest.mark.parametrize(
+    "name", ["digits_cnn.py", "char_transformer.py", "pretrained.py", "finetune_generate.py"]
+)
 def test_every_option_has_help_and_a_default(name: str) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name), "--help"],
@@ -79,7 +83,7 @@ def test_every_option_has_help_and_a_default(name: str) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 0, result.stderr
     options = result.stdout.split("options:", 1)[1]
@@ -102,3 +106,29 @@ def test_char_transformer_quick() -> None:
     final = _number(r"step\s+6\s+training loss [\d.]+\s+validation loss ([\d.]+)", out)
     assert 0 < final < initial + 0.5  # a few steps: it runs and stays sane, no threshold
     assert "sample:" in out
+
+
+def test_pretrained_quick() -> None:
+    out = _run_example("pretrained.py")
+    assert "wrote a random GPT-2 checkpoint" in out
+    assert _number(r"loaded GPT2LMHeadModel in ([\d.]+) s", out) > 0
+    assert re.search(r"greedy continuation: \[\d+, \d+, \d+\]", out)
+    # transformers is a test dependency, so the comparison runs here.
+    assert _number(r"largest difference from transformers \(relative\): ([\d.e+-]+)", out) <= 1e-5
+    assert "reloaded equal: True" in out
+
+
+def test_finetune_generate_quick(tmp_path: pathlib.Path) -> None:
+    adapter = tmp_path / "adapter"
+    out = _run_example("finetune_generate.py", "--adapter-dir", str(adapter), "--no-progress")
+    assert "in LoRA adapters (r=4); computing in bfloat16" in out
+    before = _number(r"validation loss before: ([\d.]+)", out)
+    after = _number(r"validation loss after 8 steps: ([\d.]+)", out)
+    assert 0 < after < before + 0.5  # a few steps: it runs and stays sane, no threshold
+    assert (
+        "saved the adapter in PEFT's format: adapter_config.json, adapter_model.safetensors" in out
+    )
+    assert (adapter / "adapter_config.json").exists()
+    assert "reloaded adapter equal: True" in out
+    assert _number(r"reloaded adapter equal: True, validation loss ([\d.]+)", out) == after
+    assert "sample before:" in out and "sample after:" in out

@@ -25,9 +25,14 @@ LAYERS = {
     "_saving/": 6,
     "nn/": 7,
     "debug.py": 8,
-    "compat/": 8,
+    "_state_dict/": 8,
     "_compat_api.py": 8,
-    "__init__.py": 8,
+    "models/": 9,
+    "_display/": 9,
+    "lora/": 9,
+    "precision/": 9,
+    "__init__.py": 10,
+    "compat/": 11,
 }
 # Deliberate exceptions, each with its reason.
 ALLOWED_UPWARD = {

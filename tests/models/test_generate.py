@@ -1,0 +1,154 @@
+"""`treemod.models.generate` against `transformers`' `generate(do_sample=False)`.
+
+Each model is a `transformers` model from a tiny random config and treemod's twin with its
+weights (`lm_reference.pair`). Greedy tokens must be identical, for a batch of prompts of
+different lengths (left padding), with end-of-sequence ids that finish rows at different steps
+(later tokens padded) and all rows early (the output is shorter), with sliding windows and a
+scaled RoPE; the whole 64-token generation must trace once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from lm_reference import pair
+
+import treemod.models._generate as generation
+from treemod.models import (
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    generate,
+)
+
+# A wide initialisation spreads the logits, so greedy choices are far from ties.
+_LLAMA = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "initializer_range": 0.2,
+    "max_position_embeddings": 64,
+}
+_GPT2 = {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 100, "initializer_range": 0.2}
+CASES: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {
+    "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config, GPT2LMHeadModel, _GPT2),
+    "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig, LlamaForCausalLM, _LLAMA),
+    # A window of 4 is shorter than the prompts plus the new tokens: it masks old positions.
+    "mistral": (
+        transformers.MistralForCausalLM,
+        transformers.MistralConfig,
+        MistralForCausalLM,
+        {**_LLAMA, "sliding_window": 4},
+    ),
+    # Layer 0 full attention, layer 1 a sliding window; tied head.
+    "qwen2": (
+        transformers.Qwen2ForCausalLM,
+        transformers.Qwen2Config,
+        Qwen2ForCausalLM,
+        {
+            **_LLAMA,
+            "use_sliding_window": True,
+            "sliding_window": 3,
+            "max_window_layers": 1,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "llama-rope-llama3": (
+        transformers.LlamaForCausalLM,
+        transformers.LlamaConfig,
+        LlamaForCausalLM,
+        {
+            **_LLAMA,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+}
+
+
+def prompts(batch_lengths: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded random prompts of the given lengths: `(ids, attention_mask)`."""
+    rng = np.random.default_rng(seed)
+    width = max(batch_lengths)
+    ids = rng.integers(1, 100, (len(batch_lengths), width))
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(batch_lengths):
+        mask[row, width - n :] = 1
+    return np.where(mask == 1, ids, 0), mask
+
+
+def hf_generate(hf: Any, ids: np.ndarray, mask: np.ndarray, **kwargs: Any) -> np.ndarray:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            do_sample=False,
+            **kwargs,
+        )
+    return out.numpy()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_equals_transformers_with_padding_and_eos(name: str) -> None:
+    hf_cls, config_cls, tm_cls, config = CASES[name]
+    hf, model = pair(hf_cls, config_cls, tm_cls, config)
+    ids, mask = prompts((2, 5, 7))
+    new = 10
+    plain = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    # End-of-sequence ids: row 0's token at step 2 and row 1's at step 6, so rows finish at
+    # different steps (or not at all) and the finished ones are padded with 99.
+    eos = sorted({int(plain[0, 7 + 2]), int(plain[1, 7 + 6])})
+    want = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=99)
+    got = generate(
+        model, ids, attention_mask=mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=99
+    )
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert (want == 99).any(), "the case should pad a finished row"
+
+
+def test_all_rows_finished_stops_early_and_defaults_pad_to_eos() -> None:
+    hf, model = pair(*CASES["llama"][:3], CASES["llama"][3])
+    ids, mask = prompts((3, 6), seed=1)
+    plain = hf_generate(hf, ids, mask, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    eos = sorted({int(plain[0, 6 + 1]), int(plain[1, 6 + 3])})  # every row done by step 3
+    want = hf_generate(hf, ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos[0])
+    got = generate(model, ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos)
+    assert want.shape[1] < 6 + 12
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_64_token_generation_traces_once_and_decodes_with_one_step_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hf, model = pair(*CASES["gpt2"][:3], CASES["gpt2"][3])
+    forward_traces: list[int] = []
+    original = generation.cached_logits
+
+    def counting(*args: Any) -> Any:
+        forward_traces.append(args[1].shape[1])  # the number of new tokens it is traced for
+        return original(*args)
+
+    monkeypatch.setattr(generation, "cached_logits", counting)
+    run = generation._run.with_max_traces(None)  # its own trace count, starting at zero
+    monkeypatch.setattr(generation, "_run", run)
+    ids = np.array([[5, 17, 3, 42, 8, 11, 29]])
+    got = generate(model, ids, max_new_tokens=64)
+    again = generate(model, ids[:, ::-1].copy(), max_new_tokens=64)  # same shapes: no trace
+    assert run.num_traces == 1
+    assert forward_traces == [7, 1]  # the prefill once, the decoding step once (not per token)
+    want = hf_generate(hf, ids, np.ones_like(ids), max_new_tokens=64, pad_token_id=0)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert again.shape == (1, 7 + 64)

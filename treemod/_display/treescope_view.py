@@ -1,0 +1,169 @@
+"""treescope's view of treemod modules: a foldable tree with counts, static fields, `State`.
+
+Loaded by `hook.py` at the first render (so treescope is already imported). Each module is
+drawn with treescope's own parts (`treescope.rendering_parts`) and its children by treescope's
+renderer, so arrays get treescope's summaries and array views:
+
+- the first line says the parameter and state counts and bytes below the module (the numbers of
+  `treemod.tree_summary`);
+- a `field(static=True)` field carries a `# static` comment (it is part of the tree structure,
+  not a leaf);
+- a `State` node is labelled as state, not a parameter;
+- an array that appears in two places of the rendered model carries `# shared: also at ...`
+  comments, and `nn.Shared` says which nodes it fills in when called;
+- an `nn.Stack` is one layer (its arrays without the layer axis) times `num_layers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+from treescope import rendering_parts as rp
+
+from treemod._format.pretty import _count, _is_arraylike_leaf
+from treemod._module.state import State
+from treemod.nn._shared import Shared
+from treemod.nn._stack import Stack
+
+__all__ = ["render_module"]
+
+# Arrays seen more than once in the model being rendered: id -> the paths where they sit.
+_SHARED: contextvars.ContextVar[dict[int, list[str]] | None] = contextvars.ContextVar(
+    "treemod_treescope_shared", default=None
+)
+
+_STATE_COLOR = "#f3e6ff"  # State nodes stand apart from parameters
+
+
+def _counts_text(module: Any) -> str:
+    params, state, nbytes = _count(module, in_state=False)
+    parts = [f"{params:,} params"]
+    if state:
+        parts.append(f"{state:,} state")
+    parts.append(_bytes(nbytes))
+    return " · ".join(parts)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _shared_arrays(root: Any, root_path: str) -> dict[int, list[str]]:
+    """The arrays that occur at two or more key paths of `root`, by id."""
+    seen: dict[int, list[str]] = {}
+    for key, leaf in jtu.tree_leaves_with_path(root):
+        if isinstance(leaf, jax.Array):
+            seen.setdefault(id(leaf), []).append(root_path + jtu.keystr(key))
+    return {k: v for k, v in seen.items() if len(v) > 1}
+
+
+@contextlib.contextmanager
+def _shared_scope(module: Any, path: str | None) -> Iterator[None]:
+    if _SHARED.get() is not None:  # an inner module: the outermost one found the sharing
+        yield
+        return
+    token = _SHARED.set(_shared_arrays(module, path or ""))
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _comment(text: str) -> rp.RenderableTreePart:
+    return rp.comment_color(rp.text(text))
+
+
+def _one_layer(layers: Any) -> Any:
+    """A Stack's layers without the layer axis, as `jax.ShapeDtypeStruct` leaves."""
+    return jtu.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if _is_arraylike_leaf(a) else a,
+        layers,
+    )
+
+
+def _field_line(
+    name: str,
+    value: Any,
+    path: str | None,
+    subtree_renderer: Any,
+    note: str | None,
+    prefix: str,
+    last: bool,
+) -> rp.RenderableAndLineAnnotations:
+    child_path = None if path is None else f"{path}.{name}"
+    rendered = subtree_renderer(value, path=child_path)
+    parts: list[Any] = [f"{name}={prefix}", rendered]
+    line = rp.build_full_line_with_annotations(
+        rp.siblings_with_annotations(*parts),
+        rp.fold_condition(expanded=rp.text(","), collapsed=None if last else rp.text(", ")),
+    )
+    if note is None:
+        return line
+    # Notes are comments at the end of a line: shown only when the node is expanded.
+    return rp.siblings_with_annotations(line, rp.fold_condition(expanded=_comment(f"  # {note}")))
+
+
+def render_module(module: Any, path: str | None, subtree_renderer: Any) -> Any:
+    """treescope's rendering of one treemod module (see the file's docstring).
+
+    Arguments:
+        module: the module.
+        path: its key path, as treescope passes it.
+        subtree_renderer: treescope's renderer for its children.
+
+    Returns:
+        A `treescope.rendering_parts.RenderableAndLineAnnotations`.
+    """
+    with _shared_scope(module, path):
+        return _render(module, path, subtree_renderer)
+
+
+def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
+    cls = type(module)
+    static = set(cls.__tm_static_fields__)
+    shared = _SHARED.get() or {}
+    header = _counts_text(module)
+    color = None
+    if isinstance(module, State):
+        header = "state, not a parameter: " + header
+        color = _STATE_COLOR
+    if isinstance(module, Stack):
+        header = f"{module.num_layers} × {type(module.layers).__name__} · {header}"
+    if isinstance(module, Shared):
+        tied = jtu.tree_leaves(module.get(module.pytree))
+        header += f" · ties {len(tied)} array(s): filled in from `get` at each call"
+    children = []
+    own = path or ""
+    fields = [f for f in cls.__tm_fields__ if hasattr(module, f.name)]
+    for i, f in enumerate(fields):
+        value = getattr(module, f.name)
+        note = None
+        prefix = ""
+        if f.name in static:
+            note = "static"
+        elif isinstance(module, Stack) and f.name == "layers":
+            value = _one_layer(value)
+            prefix = f"{module.num_layers} × "
+            note = f"one layer of {module.num_layers}; stored with a leading layer axis"
+        elif isinstance(value, jax.Array) and id(value) in shared:
+            here = f"{own}.{f.name}"
+            others = [p for p in shared[id(value)] if p != here]
+            note = "shared: also at " + ", ".join(others or shared[id(value)])
+        last = i == len(fields) - 1
+        children.append(_field_line(f.name, value, path, subtree_renderer, note, prefix, last))
+    return rp.build_foldable_tree_node_from_children(
+        prefix=rp.siblings(rp.maybe_qualified_type_name(cls), "("),
+        children=children,
+        suffix=")",
+        path=path,
+        background_color=color,
+        first_line_annotation=_comment(f"  # {header}"),
+    )

@@ -1,0 +1,83 @@
+"""`treemod.models`: reference architectures built from Hugging Face configs, and their files.
+
+`from_pretrained` loads a local Hugging Face directory (`config.json` plus safetensors weights)
+into the zoo class its config names; `save_pretrained` writes one back that `transformers` loads.
+Every zoo model subclasses `PretrainedModel` and is found through `register_architecture`.
+"""
+
+from treemod.models._base import (
+    PretrainedConfig,
+    PretrainedModel,
+    config_error,
+    register_architecture,
+    registered_architectures,
+)
+from treemod.models._generate import generate
+from treemod.models._pretrained_load import from_pretrained
+from treemod.models._pretrained_save import save_pretrained
+
+# The zoo (importing each module registers its architectures).
+from treemod.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
+from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
+from treemod.models.llama import LlamaForCausalLM, LlamaModel
+from treemod.models.llama_variants import (
+    MistralForCausalLM,
+    MistralModel,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+)
+from treemod.models.resnet import ResNetForImageClassification, ResNetModel
+from treemod.models.resnet_torchvision import (
+    TorchvisionResNet,
+    resnet18,
+    resnet34,
+    resnet50,
+    resnet101,
+    resnet152,
+    resnext50_32x4d,
+    resnext101_32x8d,
+    resnext101_64x4d,
+    wide_resnet50_2,
+    wide_resnet101_2,
+)
+from treemod.models.vit import ViTForImageClassification, ViTModel
+
+__all__ = [
+    # Loading and saving.
+    "from_pretrained",
+    "save_pretrained",
+    "generate",
+    # Building blocks of the zoo.
+    "PretrainedConfig",
+    "PretrainedModel",
+    "config_error",
+    "register_architecture",
+    "registered_architectures",
+    # The zoo.
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertModel",
+    "GPT2LMHeadModel",
+    "GPT2Model",
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "MistralForCausalLM",
+    "MistralModel",
+    "Qwen2ForCausalLM",
+    "Qwen2Model",
+    "ResNetForImageClassification",
+    "ResNetModel",
+    "TorchvisionResNet",
+    "ViTForImageClassification",
+    "ViTModel",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+]

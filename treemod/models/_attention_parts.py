@@ -1,0 +1,188 @@
+"""What the causal language models share: their inputs, masks, and attention as a function.
+
+`attend(q, k, v, mask, scale=...)` is the whole of attention once the projections are done: a
+key-value cache (prefill, then one token per step) threads in by giving it longer `k`, `v` and
+the matching mask, without touching the layers. Masks are boolean `(batch, 1, q_len, kv_len)`
+(True where a query may attend), built as `transformers`' `create_causal_mask` builds them: causal,
+optionally within a sliding window, and either padded (a 2-D `attention_mask`) or split into the
+packed sequences that explicit `position_ids` without a mask describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jaxtyping import PRNGKeyArray
+
+import treemod.nn as nn
+
+__all__ = ["attend", "causal_mask", "token_inputs", "split_key"]
+
+
+def token_inputs(
+    owner: str, input_ids: Any, attention_mask: Any, position_ids: Any
+) -> tuple[Array, Array | None, Array | None]:
+    """Check and convert a language model's inputs (NumPy or JAX arrays, as Hugging Face's).
+
+    Arguments:
+        owner: the model class, for messages.
+        input_ids: integer token ids `(batch, seq)`.
+        attention_mask: `None` or `(batch, seq)`, nonzero where a token is real (padding 0).
+        position_ids: `None` or `(batch, seq)` / `(1, seq)` integer positions.
+
+    Returns:
+        `(input_ids, attention_mask, position_ids)` as JAX arrays (the last two may be `None`),
+        the mask boolean (nonzero is a token, of any dtype, as `transformers` reads it),
+        `position_ids` broadcast to `(batch, seq)`.
+    """
+    if input_ids is None:
+        raise ValueError(f"{owner}: pass `input_ids=` (integer token ids of shape (batch, seq)).")
+    ids = jnp.asarray(input_ids)
+    if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(
+            f"{owner}: `input_ids` must be integer token ids of shape (batch, seq); got "
+            f"{ids.dtype}{list(ids.shape)}. Add a batch axis with input_ids[None] for one sequence."
+        )
+    mask = None
+    if attention_mask is not None:
+        mask = jnp.asarray(attention_mask)
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"{owner}: `attention_mask` must have the shape of `input_ids` {list(ids.shape)} "
+                f"(1 for real tokens, 0 for padding); got {list(mask.shape)}. Prepared 4-D masks "
+                "and masks longer than the input (a cache's) are not accepted."
+            )
+        mask = mask.astype(bool)
+    positions = None
+    if position_ids is not None:
+        positions = jnp.asarray(position_ids)
+        if positions.ndim == 1:
+            positions = positions[None]
+        if (
+            positions.ndim != 2
+            or positions.shape[1] != ids.shape[1]
+            or positions.shape[0] not in (1, ids.shape[0])
+            or not jnp.issubdtype(positions.dtype, jnp.integer)
+        ):
+            raise ValueError(
+                f"{owner}: `position_ids` must be integers of shape (batch, seq) or (1, seq) "
+                f"matching `input_ids` {list(ids.shape)}; got {positions.dtype}"
+                f"{list(positions.shape)}."
+            )
+        positions = jnp.broadcast_to(positions, ids.shape)
+    return ids, mask, positions
+
+
+def causal_mask(
+    seq_len: int,
+    attention_mask: Array | None = None,
+    position_ids: Array | None = None,
+    sliding_window: int | None = None,
+) -> Array:
+    """The boolean attention mask `transformers`' `create_causal_mask` builds (True: attend).
+
+    Query `i` attends to key `j <= i` (and `j > i - sliding_window` with a window). A 2-D
+    `attention_mask` removes the padded keys. Without one, explicit `position_ids` describe
+    packed sequences as `transformers` reads them: a new sequence starts wherever the position
+    does not grow by one, and queries attend only within their own sequence.
+
+    Arguments:
+        seq_len: the number of queries and keys.
+        attention_mask: `None` or `(batch, seq_len)`, nonzero for real tokens.
+        position_ids: `None` or `(batch, seq_len)`, used only when `attention_mask` is `None`.
+        sliding_window: `None`, or the number of most recent keys (the query's own included)
+            each query sees.
+
+    Returns:
+        `(batch or 1, 1, seq_len, seq_len)` booleans.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from treemod.models._attention_parts import causal_mask
+        >>> causal_mask(3, jnp.array([[0, 1, 1]]))[0, 0].astype(int)
+        Array([[0, 0, 0],
+               [0, 1, 0],
+               [0, 1, 1]], dtype=int32)
+    """
+    index = np.arange(seq_len)
+    allowed = index[None, :] <= index[:, None]
+    if sliding_window is not None:
+        allowed &= index[None, :] > index[:, None] - sliding_window
+    mask = jnp.asarray(allowed)[None, None]
+    if attention_mask is not None:
+        return mask & attention_mask.astype(bool)[:, None, None, :]
+    if position_ids is not None:
+        # transformers' find_packed_sequence_indices: with no jump anywhere every token is in
+        # sequence 0 and this changes nothing, so it applies unconditionally.
+        first = position_ids[:, :1] - 1
+        previous = jnp.concatenate([first, position_ids[:, :-1]], axis=1)
+        sequence = jnp.cumsum((position_ids - previous) != 1, axis=1)
+        return mask & (sequence[:, None, :, None] == sequence[:, None, None, :])
+    return mask
+
+
+def attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    *,
+    scale: float | Array,
+    dropout: nn.Dropout | None = None,
+    key: PRNGKeyArray | None = None,
+    float32_scores: bool = False,
+) -> Array:
+    """Scaled dot-product attention with grouped-query heads, as `transformers`' eager attention.
+
+    `scores = (q @ k^T) * scale`, masked positions set to float32's lowest value (as
+    `transformers`' eager masks do, so a query with no key to attend, a padded one, averages all
+    values rather than giving NaN), a float32 softmax, dropout on the probabilities, then the
+    weighted sum of values. Query head `h` reads key-value head `h // (heads // kv_heads)`.
+
+    Arguments:
+        q: queries `(batch, q_len, heads, head_dim)`.
+        k: keys `(batch, kv_len, kv_heads, head_dim)`; `kv_heads` divides `heads`.
+        v: values `(batch, kv_len, kv_heads, head_dim)`.
+        mask: `None` or booleans broadcasting to `(batch, 1, q_len, kv_len)`, True to attend.
+        scale: the factor on the scores (a number, or a scalar array).
+        dropout: dropout on the probabilities (identity in inference mode).
+        key: the dropout key.
+        float32_scores: compute `q @ k^T` itself in float32 (GPT-2's `reorder_and_upcast_attn`).
+
+    Returns:
+        `(batch, q_len, heads, head_dim)` in `v`'s dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from treemod.models._attention_parts import attend
+        >>> q = jnp.ones((1, 3, 4, 8)); kv = jnp.ones((1, 3, 2, 8))
+        >>> attend(q, kv, kv, None, scale=8**-0.5).shape
+        (1, 3, 4, 8)
+    """
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    groups = heads // kv_heads
+    qg = q.reshape(batch, q_len, kv_heads, groups, head_dim)
+    if float32_scores:
+        qg, k = qg.astype(jnp.float32), k.astype(jnp.float32)
+    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32)
+    scores = scores * scale
+    if mask is not None:
+        low = jnp.finfo(scores.dtype).min
+        scores = jnp.where(mask[:, :, None], scores, low)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    if dropout is not None:
+        probs = dropout(probs, key=key)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
+    return out.reshape(batch, q_len, heads, head_dim)
+
+
+def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
+    """`n` keys from `key` (for the dropouts of one layer), or `n` times `None` without one."""
+    if key is None:
+        return [None] * n
+    return list(jax.random.split(key, n))

@@ -1,0 +1,384 @@
+"""The Llama family (Llama, Mistral, Qwen2) from Hugging Face config dicts.
+
+One implementation, three config readings: Llama has optional attention and MLP biases; Mistral
+none and a sliding window on every layer; Qwen2 biases on q, k and v, and a sliding window on the
+layers its `layer_types` (or `use_sliding_window` with `max_window_layers`) name. Attribute paths
+are `transformers`' parameter names (`model.layers` is an `nn.Stack` of `LlamaDecoderLayer`s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+from jaxtyping import PRNGKeyArray
+
+import treemod.nn as nn
+from treemod._module.module import field
+from treemod.models._attention_parts import causal_mask, token_inputs
+from treemod.models._base import (
+    PretrainedConfig,
+    PretrainedModel,
+    config_error,
+    register_architecture,
+)
+from treemod.models._hf_activations import hf_activation
+from treemod.models._llama_layers import build_layer
+from treemod.models._lm_config import check_dropout, check_int, resolve
+from treemod.models._rope import Rope, rope_config
+
+__all__ = ["DEFAULTS", "IGNORED_KEYS", "LlamaForCausalLM", "LlamaModel"]
+
+_COMMON: dict[str, Any] = {
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "attention_dropout": 0.0,
+    "head_dim": None,
+    "num_key_value_heads": None,
+}
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {
+        **_COMMON,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "mistral": {
+        **_COMMON,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096 * 32,
+        "sliding_window": 4096,
+    },
+    "qwen2": {
+        **_COMMON,
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "layer_types": None,
+    },
+}
+"""The `transformers` config classes' defaults for the values the models read."""
+
+IGNORED_KEYS = (r"rotary_emb\.inv_freq",)
+"""Regular expressions (searched in names) of the tensors `transformers` skips when loading:
+old Llama checkpoints hold each layer's `self_attn.rotary_emb.inv_freq` buffer."""
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_kinds(owner: str, family: str, v: dict[str, Any]) -> tuple[int, ...]:
+    """Per layer, 0 for full attention and 1 for a sliding window; sets `v["sliding_window"]`."""
+    n = v["num_hidden_layers"]
+    if family == "llama":
+        v["sliding_window"] = None
+        return tuple(0 for _ in range(n))
+    window = v.get("sliding_window")
+    if family == "qwen2" and not v["use_sliding_window"]:
+        window = None
+    if window is not None:
+        v["sliding_window"] = window = check_int(owner, v, "sliding_window")
+    if family == "mistral":
+        return tuple(int(window is not None) for _ in range(n))
+    types = v.get("layer_types")
+    if types is None:
+        limit = check_int(owner, v, "max_window_layers", minimum=0)
+        return tuple(int(window is not None and i >= limit) for i in range(n))
+    if not isinstance(types, list | tuple) or len(types) != n:
+        raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
+    for i, kind in enumerate(types):
+        if kind not in _LAYER_TYPES:
+            raise config_error(owner, f"layer_types[{i}]", kind, ", ".join(map(repr, _LAYER_TYPES)))
+        if kind == "sliding_attention" and window is None:
+            raise config_error(
+                owner,
+                "sliding_window",
+                window,
+                "an int window for 'sliding_attention' layers (set use_sliding_window and "
+                "sliding_window)",
+            )
+    return tuple(_LAYER_TYPES.index(kind) for kind in types)
+
+
+def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    v = resolve(owner, config, DEFAULTS[family])
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+    ):
+        check_int(owner, v, name)
+    heads = v["num_attention_heads"]
+    if v["num_key_value_heads"] is None:
+        v["num_key_value_heads"] = heads
+    kv_heads = check_int(owner, v, "num_key_value_heads")
+    if heads % kv_heads:
+        raise config_error(
+            owner, "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}"
+        )
+    if v["head_dim"] is None:
+        if v["hidden_size"] % heads:
+            raise config_error(
+                owner, "num_attention_heads", heads, "a divisor of hidden_size (or set head_dim)"
+            )
+        v["head_dim"] = v["hidden_size"] // heads
+    check_int(owner, v, "head_dim")
+    if v.get("is_causal", True) is not True:
+        raise config_error(owner, "is_causal", v["is_causal"], "true (causal attention)")
+    if family == "llama":
+        v["qkv_bias"] = v["o_bias"] = bool(v["attention_bias"])
+        v["mlp_bias"] = bool(v["mlp_bias"])
+    else:  # transformers' Mistral has no biases; Qwen2 has them on q, k and v only
+        v["qkv_bias"], v["o_bias"], v["mlp_bias"] = family == "qwen2", False, False
+    hf_activation(owner, "hidden_act", v["hidden_act"])
+    v["attention_dropout"] = check_dropout(owner, v, "attention_dropout")
+    v["layer_kinds"] = _layer_kinds(owner, family, v)
+    return v
+
+
+class LlamaModel(PretrainedModel):
+    """The Llama decoder: token embedding, `num_hidden_layers` layers, a final RMSNorm.
+
+    Called with `input_ids` `(batch, seq)` and optionally `attention_mask` (1 for tokens, 0 for
+    padding; left padding works), `position_ids` (default `0..seq-1`, as `transformers`'
+    forward; with `use_cache: false` in the config and no mask, jumps in explicit positions
+    start packed sequences, as in `transformers`), and `key` for attention dropout in training
+    mode. Returns `last_hidden_state` `(batch, seq, hidden_size)`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from treemod.models.llama import LlamaModel
+        >>> config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        ...           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
+        >>> model = LlamaModel.from_config(config, key=jax.random.key(0))
+        >>> model(input_ids=jnp.array([[1, 2, 3]])).shape
+        (1, 3, 32)
+    """
+
+    architecture: ClassVar[str] = "LlamaModel"
+    model_type: ClassVar[str] = "llama"
+    base_model_prefix: ClassVar[str] = "model"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
+
+    embed_tokens: nn.Embedding
+    layers: nn.Stack
+    norm: nn.RMSNorm
+    rotary_emb: Rope
+    sliding_window: int | None = field(static=True)
+    layer_kinds: tuple[int, ...] = field(static=True)
+    packed_sequences: bool = field(static=True)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any] | PretrainedConfig,
+        *,
+        key: PRNGKeyArray,
+        dtype: Any = None,
+    ) -> Self:
+        """Build with random weights (`transformers`' initialisation) from a config dict.
+
+        Arguments:
+            config: the `config.json` dict; absent keys take the `transformers` config class's
+                defaults (`LlamaConfig`, `MistralConfig`, `Qwen2Config`).
+            key: the PRNG key.
+            dtype: the parameters' dtype (float32 by default).
+
+        Returns:
+            The model.
+        """
+        config = PretrainedConfig(config)
+        return cls._build(config, _values(cls.__name__, cls.model_type, config), key, dtype)
+
+    @classmethod
+    def _build(
+        cls,
+        config: PretrainedConfig,
+        v: Mapping[str, Any],
+        key: PRNGKeyArray,
+        dtype: Any,
+        owner: str | None = None,
+    ) -> Self:
+        owner = cls.__name__ if owner is None else owner
+        dtype = jnp.float32 if dtype is None else dtype
+        params = rope_config(owner, v, v["max_position_embeddings"])
+        rope = Rope.from_config(owner, params, v["head_dim"], v["max_position_embeddings"])
+        k_embed, k_layers = jax.random.split(key)
+        return cls(
+            config=config,
+            embed_tokens=nn.Embedding(
+                v["vocab_size"],
+                v["hidden_size"],
+                dtype=dtype,
+                weight_init=nn.init.normal(v["initializer_range"]),
+                key=k_embed,
+            ),
+            layers=nn.Stack(
+                lambda k: build_layer(v, dtype, key=k), v["num_hidden_layers"], key=k_layers
+            ),
+            norm=nn.RMSNorm(v["hidden_size"], v["rms_norm_eps"], use_bias=False, dtype=dtype),
+            rotary_emb=rope,
+            sliding_window=v["sliding_window"],
+            layer_kinds=v["layer_kinds"],
+            packed_sequences=not v.get("use_cache", True),
+        )
+
+    def __call__(
+        self,
+        *,
+        input_ids: Any,
+        attention_mask: Any = None,
+        position_ids: Any = None,
+        key: PRNGKeyArray | None = None,
+    ) -> Array:
+        """The last hidden state `(batch, seq, hidden_size)`.
+
+        Arguments:
+            input_ids: `(batch, seq)` token ids.
+            attention_mask: `(batch, seq)`, 1 for tokens and 0 for padding.
+            position_ids: `(batch, seq)` or `(1, seq)` positions.
+            key: PRNG key for attention dropout (training mode only).
+
+        Returns:
+            `last_hidden_state`.
+        """
+        owner = type(self).__name__
+        ids, mask, positions = token_inputs(owner, input_ids, attention_mask, position_ids)
+        seq = ids.shape[1]
+        hidden = self.embed_tokens(ids)
+        pos = positions if positions is not None else jnp.arange(seq)[None]
+        cos, sin = self.rotary_emb(pos, hidden.dtype)
+        kinds = sorted(set(self.layer_kinds))
+        windows = [None if kind == 0 else self.sliding_window for kind in kinds]
+        # transformers reads packed sequences from explicit positions only without a cache,
+        # which its forward makes whenever the config's use_cache is on (the default).
+        packed = positions if self.packed_sequences else None
+        masks = jnp.stack([causal_mask(seq, mask, packed, w) for w in windows])
+        index = jnp.asarray([kinds.index(kind) for kind in self.layer_kinds], jnp.int32)
+        carry = (hidden, jnp.zeros((), jnp.int32))
+        hidden, _ = self.layers(carry, cos, sin, masks, index, key=key)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(PretrainedModel):
+    """A Llama-family decoder with its language-modelling head: returns `logits`.
+
+    `lm_head` is a bias-free `nn.Linear`, or, with `tie_word_embeddings`, the token embedding
+    itself (one array at `model.embed_tokens.weight`, `lm_head.weight` its alias in
+    `tied_weights()`). Inputs as `LlamaModel`'s.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from treemod.models.llama import LlamaForCausalLM
+        >>> config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        ...           "num_attention_heads": 4, "vocab_size": 100, "tie_word_embeddings": True}
+        >>> model = LlamaForCausalLM.from_config(config, key=jax.random.key(0))
+        >>> model(input_ids=jnp.array([[1, 2, 3]])).shape
+        (1, 3, 100)
+        >>> model.tied_weights()
+        {'lm_head.weight': 'model.embed_tokens.weight'}
+    """
+
+    architecture: ClassVar[str] = "LlamaForCausalLM"
+    model_type: ClassVar[str] = "llama"
+    base_model_prefix: ClassVar[str] = "model"
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
+    body: ClassVar[type[LlamaModel]] = LlamaModel
+
+    model: LlamaModel
+    lm_head: nn.Linear | None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any] | PretrainedConfig,
+        *,
+        key: PRNGKeyArray,
+        dtype: Any = None,
+    ) -> Self:
+        """Build with random weights from a config dict (see `LlamaModel.from_config`).
+
+        Arguments:
+            config: the `config.json` dict.
+            key: the PRNG key.
+            dtype: the parameters' dtype.
+
+        Returns:
+            The model.
+        """
+        config = PretrainedConfig(config)
+        v = _values(cls.__name__, cls.model_type, config)
+        k_body, k_head = jax.random.split(key)
+        body = cls.body._build(config, v, k_body, dtype, cls.__name__)
+        head = None
+        if not v["tie_word_embeddings"]:
+            head = nn.Linear(
+                v["hidden_size"],
+                v["vocab_size"],
+                use_bias=False,
+                dtype=jnp.float32 if dtype is None else dtype,
+                weight_init=nn.init.normal(v["initializer_range"]),
+                key=k_head,
+            )
+        return cls(config=config, model=body, lm_head=head)
+
+    def tied_weights(self) -> dict[str, str]:
+        """`{"lm_head.weight": "model.embed_tokens.weight"}` when tied, else `{}`."""
+        if self.lm_head is None:
+            return {"lm_head.weight": "model.embed_tokens.weight"}
+        return {}
+
+    def __call__(
+        self,
+        *,
+        input_ids: Any,
+        attention_mask: Any = None,
+        position_ids: Any = None,
+        key: PRNGKeyArray | None = None,
+    ) -> Array:
+        """The logits `(batch, seq, vocab_size)`; arguments as `LlamaModel.__call__`'s.
+
+        Arguments:
+            input_ids: `(batch, seq)` token ids.
+            attention_mask: `(batch, seq)`, 1 for tokens and 0 for padding.
+            position_ids: `(batch, seq)` or `(1, seq)` positions.
+            key: PRNG key for attention dropout (training mode only).
+
+        Returns:
+            `logits`.
+        """
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, key=key
+        )
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        weight = self.model.embed_tokens.weight
+        return lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (1,)), ((), ())))
+
+
+register_architecture(LlamaModel)
+register_architecture(LlamaForCausalLM)

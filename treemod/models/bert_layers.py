@@ -1,0 +1,355 @@
+"""BERT's parts (embeddings, encoder layer, pooler, masked-LM head) and what ViT and ResNet share.
+
+Attribute names are `transformers`' module names (`attention.self.query`, `LayerNorm`, ...), so
+`tm.state_dict` names each array as `transformers`' `state_dict()` does. The encoder's layers are
+one `nn.Stack` at `encoder.layer`. Attention is `dot_product_attention`, a function of
+`(q, k, v, bias)`, so that a cache can be threaded in later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jaxtyping import PRNGKeyArray
+
+import treemod.nn as nn
+from treemod._module.module import Module, field
+
+from ._base import PretrainedConfig, config_error
+from ._hf_activations import get_activation
+
+__all__ = [
+    "BertEmbeddings",
+    "BertEncoder",
+    "BertLayer",
+    "BertOnlyMLMHead",
+    "BertPooler",
+    "attention_bias",
+    "config_value",
+    "dot_product_attention",
+    "num_labels",
+    "split_key",
+]
+
+
+def config_value(
+    cls_name: str, config: PretrainedConfig, defaults: Mapping[str, Any], key: str, kind: str
+) -> Any:
+    """`config[key]`, or `transformers`' default when the config lacks it, checked by `kind`.
+
+    Arguments:
+        cls_name: the model class's name, for messages.
+        config: the config.
+        defaults: the `transformers` config class's defaults.
+        key: the key.
+        kind: `"size"` (an int of at least 1), `"positive"` (a number above 0), `"prob"` (a
+            number in [0, 1]), `"bool"`, or `"any"` (unchecked).
+
+    Returns:
+        The value; one of the wrong kind raises `config_error`'s `CheckpointError`, naming the
+        class and key.
+    """
+    value = config.get(key, defaults[key])
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if kind == "size" and not (number and isinstance(value, int) and value >= 1):
+        raise config_error(cls_name, key, value, "a positive integer")
+    if kind == "positive" and not (number and value > 0):
+        raise config_error(cls_name, key, value, "a positive number")
+    if kind == "prob" and not (number and 0 <= value <= 1):
+        raise config_error(cls_name, key, value, "a probability in [0, 1]")
+    if kind == "bool" and not isinstance(value, bool):
+        raise config_error(cls_name, key, value, "true or false")
+    return value
+
+
+def num_labels(cls_name: str, config: PretrainedConfig) -> int:
+    """How many labels `transformers` counts: `id2label`'s size, else `num_labels`, else 2.
+
+    Arguments:
+        cls_name: the model class's name, for messages.
+        config: the config.
+
+    Returns:
+        The number of labels (0 gives a head that is the identity, as in `transformers`).
+    """
+    id2label = config.get("id2label")
+    given = config.get("num_labels")
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 0):
+        raise config_error(cls_name, "num_labels", given, "a non-negative integer")
+    if id2label is None:
+        return 2 if given is None else given
+    if not isinstance(id2label, Mapping):
+        raise config_error(cls_name, "id2label", id2label, "a mapping from label index to name")
+    if given is not None and given != len(id2label):
+        raise config_error(
+            cls_name,
+            "num_labels",
+            given,
+            f"the size of id2label, {len(id2label)}, or no num_labels",
+        )
+    return len(id2label)
+
+
+def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
+    """`n` keys from `key` (for dropout), or `n` Nones when there is no key."""
+    if key is None:
+        return [None] * n
+    return list(jax.random.split(key, n))
+
+
+def attention_bias(attention_mask: Any, shape: tuple[int, int], dtype: Any) -> Array | None:
+    """The additive bias `(batch, 1, 1, keys)` of a `(batch, keys)` mask of 1 (attend) and 0.
+
+    Arguments:
+        attention_mask: `None` (attend to every key) or a `(batch, keys)` array of 0 and 1.
+        shape: the expected `(batch, keys)`.
+        dtype: the scores' dtype.
+
+    Returns:
+        `None`, or 0 where the mask is 1 and the dtype's lowest value where it is 0 (so a row
+        whose keys are all masked attends uniformly, as `transformers`' eager attention does).
+    """
+    if attention_mask is None:
+        return None
+    mask = jnp.asarray(attention_mask)
+    if mask.shape != shape:
+        raise ValueError(
+            f"attention_mask has shape {mask.shape}; expected (batch, sequence) = {shape}, "
+            "with 1 for the tokens to attend to and 0 for padding."
+        )
+    low = jnp.finfo(dtype).min
+    return jnp.where(mask.astype(bool), jnp.zeros((), dtype), low)[:, None, None, :].astype(dtype)
+
+
+def dot_product_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array | None,
+    dropout: nn.Dropout | None = None,
+    *,
+    key: PRNGKeyArray | None = None,
+) -> Array:
+    """Scaled dot-product attention over `(batch, seq, heads, head_dim)` arrays.
+
+    Arguments:
+        q: queries `(batch, q_len, heads, head_dim)`.
+        k: keys `(batch, k_len, heads, head_dim)`.
+        v: values `(batch, k_len, heads, head_dim)`.
+        bias: `None` or an additive bias broadcasting to `(batch, heads, q_len, k_len)`.
+        dropout: dropout on the attention probabilities (identity in inference mode).
+        key: the dropout key.
+
+    Returns:
+        `(batch, q_len, heads, head_dim)`. The softmax runs in float32 at least.
+    """
+    scale = q.shape[-1] ** -0.5
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
+    compute = jnp.float32 if jnp.finfo(scores.dtype).bits < 32 else scores.dtype
+    scores = scores.astype(compute)
+    if bias is not None:
+        scores = scores + bias.astype(compute)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    if dropout is not None:
+        probs = dropout(probs, key=key)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+class BertEmbeddings(Module):
+    """Word, position and token-type embeddings, summed, normalised (`transformers`' names)."""
+
+    word_embeddings: nn.Embedding
+    position_embeddings: nn.Embedding
+    token_type_embeddings: nn.Embedding
+    LayerNorm: nn.LayerNorm  # noqa: N815 (transformers' name)
+    dropout: nn.Dropout
+
+    def __call__(
+        self,
+        words: Array,
+        token_type_ids: Array,
+        position_ids: Array,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> Array:
+        """Looked-up word embeddings `(batch, seq, hidden)` plus token types and positions."""
+        x = words + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x), key=key)
+
+
+class BertSelfAttention(Module):
+    """The query, key and value projections and the attention itself."""
+
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    dropout: nn.Dropout
+    num_heads: int = field(static=True)
+
+    def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, seq, hidden)` to the heads' concatenated outputs."""
+        b, s, _ = x.shape
+        q, k, v = (
+            p(x).reshape(b, s, self.num_heads, -1) for p in (self.query, self.key, self.value)
+        )
+        out = dot_product_attention(q, k, v, bias, self.dropout, key=key)
+        return out.reshape(b, s, -1)
+
+
+class BertSelfOutput(Module):
+    """A projection, dropout, and the residual added before a LayerNorm (post-norm)."""
+
+    dense: nn.Linear
+    LayerNorm: nn.LayerNorm  # noqa: N815
+    dropout: nn.Dropout
+
+    def __call__(self, x: Array, residual: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`LayerNorm(dropout(dense(x)) + residual)`."""
+        return self.LayerNorm(self.dropout(self.dense(x), key=key) + residual)
+
+
+class BertAttention(Module):
+    """Self-attention (`attention.self` in `transformers`) and its output block."""
+
+    self: BertSelfAttention
+    output: BertSelfOutput
+
+    def __call__(
+        this, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None
+    ) -> Array:  # `this`: the field `self` is transformers' name
+        """The attention block's output `(batch, seq, hidden)`."""
+        k1, k2 = split_key(key, 2)
+        return this.output(this.self(x, bias, key=k1), x, key=k2)
+
+
+class BertIntermediate(Module):
+    """The feed-forward block's first projection and activation."""
+
+    dense: nn.Linear
+    act: str = field(static=True)
+
+    def __call__(self, x: Array) -> Array:
+        """`act(dense(x))`."""
+        return get_activation(self.act)(self.dense(x))
+
+
+class BertLayer(Module):
+    """One encoder layer: attention, then the feed-forward block, each post-normed."""
+
+    attention: BertAttention
+    intermediate: BertIntermediate
+    output: BertSelfOutput
+
+    def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, seq, hidden)` to the same shape."""
+        k1, k2 = split_key(key, 2)
+        h = self.attention(x, bias, key=k1)
+        return self.output(self.intermediate(h), h, key=k2)
+
+
+class BertEncoder(Module):
+    """The encoder layers, one `nn.Stack` (`encoder.layer.{i}` in `transformers`' names)."""
+
+    layer: nn.Stack
+
+    def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
+        """Run every layer."""
+        out: Array = self.layer(x, bias, key=key)
+        return out
+
+
+class BertPooler(Module):
+    """The first token's hidden state through a dense layer and an activation."""
+
+    dense: nn.Linear
+    act: str = field(static=True, default="tanh")
+
+    def __call__(self, hidden: Array) -> Array:
+        """`(batch, seq, hidden)` to `(batch, out)`."""
+        return get_activation(self.act)(self.dense(hidden[:, 0]))
+
+
+class BertPredictionHeadTransform(Module):
+    """Dense, activation, LayerNorm."""
+
+    dense: nn.Linear
+    LayerNorm: nn.LayerNorm  # noqa: N815
+    act: str = field(static=True)
+
+    def __call__(self, x: Array) -> Array:
+        """The transformed hidden states."""
+        return self.LayerNorm(get_activation(self.act)(self.dense(x)))
+
+
+class BertLMPredictionHead(Module):
+    """The masked-LM head: a transform, then a projection onto the vocabulary.
+
+    With tied embeddings `decoder` is `None` and the projection uses the word embeddings' array
+    and `bias` (`transformers` ties `cls.predictions.decoder.weight` and `.bias` to them).
+    Untied, `decoder` holds its own weight and bias, and `bias` is kept only because
+    `transformers` keeps it (unused) in the state dict.
+    """
+
+    transform: BertPredictionHeadTransform
+    bias: Array
+    decoder: nn.Linear | None
+
+    def __call__(self, x: Array, word_embeddings: Array) -> Array:
+        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
+        h = self.transform(x)
+        if self.decoder is not None:
+            return self.decoder(h)
+        y = h @ word_embeddings.T.astype(h.dtype)
+        return y + jnp.expand_dims(self.bias.astype(h.dtype), tuple(range(y.ndim - 1)))
+
+
+class BertOnlyMLMHead(Module):
+    """`cls.predictions` in `transformers`' names."""
+
+    predictions: BertLMPredictionHead
+
+    def __call__(self, x: Array, word_embeddings: Array) -> Array:
+        """The masked-LM logits."""
+        return self.predictions(x, word_embeddings)
+
+
+def make_encoder_layer(
+    hidden: int,
+    heads: int,
+    intermediate: int,
+    act: str,
+    eps: float,
+    hidden_dropout: float,
+    attention_dropout: float,
+    dtype: Any,
+    key: PRNGKeyArray,
+) -> BertLayer:
+    """One `BertLayer` with random weights."""
+    ks = jax.random.split(key, 6)
+    self_attention = BertSelfAttention(
+        query=nn.Linear(hidden, hidden, dtype=dtype, key=ks[0]),
+        key=nn.Linear(hidden, hidden, dtype=dtype, key=ks[1]),
+        value=nn.Linear(hidden, hidden, dtype=dtype, key=ks[2]),
+        dropout=nn.Dropout(attention_dropout, inference=True),
+        num_heads=heads,
+    )
+
+    def out_block(n_in: int, k: PRNGKeyArray) -> BertSelfOutput:
+        return BertSelfOutput(
+            dense=nn.Linear(n_in, hidden, dtype=dtype, key=k),
+            LayerNorm=nn.LayerNorm(hidden, eps=eps, dtype=dtype),
+            dropout=nn.Dropout(hidden_dropout, inference=True),
+        )
+
+    return BertLayer(
+        attention=BertAttention(self_attention, out_block(hidden, ks[3])),
+        intermediate=BertIntermediate(
+            dense=nn.Linear(hidden, intermediate, dtype=dtype, key=ks[4]), act=act
+        ),
+        output=out_block(intermediate, ks[5]),
+    )
