@@ -19,7 +19,7 @@ import jax
 import jax.tree_util as jtu
 
 from treemod._format.describe import describe_array
-from treemod._format.pretty import _count
+from treemod._format.pretty import count_arrays
 from treemod._module.module import Module
 from treemod._module.state import State, stateful
 from treemod._tree.filters import combine, is_array, partition
@@ -202,7 +202,7 @@ def summary(model: Any, *example_args: Any, **example_kwargs: Any) -> ModelSumma
 
     rows = []
     for path, module in modules:
-        params, state, nbytes = _count(module, in_state=False)
+        params, state, nbytes = count_arrays(module, in_state=False)
         record = records.get(path)
         outputs, flops = "-", None
         if record is not None:

@@ -25,7 +25,7 @@ import jax
 import jax.tree_util as jtu
 from treescope import rendering_parts as rp
 
-from treemod._format.pretty import _count, _is_arraylike_leaf
+from treemod._format.pretty import count_arrays, is_arraylike_leaf
 from treemod._module.state import State
 from treemod.nn._shared import Shared
 from treemod.nn._stack import Stack
@@ -41,7 +41,7 @@ _STATE_COLOR = "#f3e6ff"  # State nodes stand apart from parameters
 
 
 def _counts_text(module: Any) -> str:
-    params, state, nbytes = _count(module, in_state=False)
+    params, state, nbytes = count_arrays(module, in_state=False)
     parts = [f"{params:,} params"]
     if state:
         parts.append(f"{state:,} state")
@@ -84,7 +84,7 @@ def _comment(text: str) -> rp.RenderableTreePart:
 def _one_layer(layers: Any) -> Any:
     """A Stack's layers without the layer axis, as `jax.ShapeDtypeStruct` leaves."""
     return jtu.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if _is_arraylike_leaf(a) else a,
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype) if is_arraylike_leaf(a) else a,
         layers,
     )
 

@@ -19,12 +19,20 @@ if TYPE_CHECKING:
 # wadler_lindig is imported by the functions that print (the first repr of a module), not at
 # `import treemod`, a fifth of whose time it was.
 
-__all__ = ["tree_pformat", "tree_pprint", "tree_summary"]
+__all__ = [
+    "count_arrays",
+    "is_arraylike_leaf",
+    "tree_pformat",
+    "tree_pprint",
+    "tree_summary",
+]
 
 _MAX_ITEMS = 12
 
 
-def _is_arraylike_leaf(x: Any) -> bool:
+def is_arraylike_leaf(x: Any) -> bool:
+    """Whether `x` counts as an array in the printed tree and the counts: an array or a
+    `jax.ShapeDtypeStruct` (an abstract model prints and counts as its concrete twin)."""
     return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
@@ -140,7 +148,7 @@ def _children(node: Any) -> list[tuple[str, Any]]:
 
 
 def _type_name(node: Any) -> str:
-    if _is_arraylike_leaf(node):
+    if is_arraylike_leaf(node):
         import wadler_lindig as wl
 
         return wl.pformat(_array_doc(node))
@@ -156,14 +164,14 @@ def _is_state_node(x: Any) -> bool:
     return info is not None and info.holds_state
 
 
-def _count(node: Any, in_state: bool) -> tuple[int, int, int]:
+def count_arrays(node: Any, in_state: bool) -> tuple[int, int, int]:
     """Array elements outside `State` nodes, inside them, and the bytes of both."""
     counts = [0, 0]
     nbytes = 0
     for part in jtu.tree_leaves(node, is_leaf=_is_state_node):
         inside = in_state or _is_state_node(part)
         for leaf in jtu.tree_leaves(part):
-            if _is_arraylike_leaf(leaf):
+            if is_arraylike_leaf(leaf):
                 n = int(np.prod(leaf.shape, dtype=np.int64))
                 counts[inside] += n
                 nbytes += n * leaf.dtype.itemsize  # PRNG keys too: their dtype has no NumPy twin
@@ -186,7 +194,7 @@ def _rows(
     transparent = not module and any(is_module(c) for _, c in children)
     at_depth = depth is not None and level >= depth and not transparent
     if not children or at_depth:
-        count, state, nbytes = _count(node, in_state)
+        count, state, nbytes = count_arrays(node, in_state)
         if count or state or module:
             rows.append((path or "(root)", _type_name(node), count, state, nbytes))
         return
