@@ -30,7 +30,7 @@ def top_k_filter(logits: Array, top_k: int) -> Array:
     return jnp.where(logits < kth, -jnp.inf, logits)
 
 
-def top_p_filter(logits: Array, top_p: float) -> Array:
+def top_p_filter(logits: Array, top_p: float | Array) -> Array:
     """Keep the smallest set of most likely tokens whose probability reaches `top_p`.
 
     As `TopPLogitsWarper`: sorted ascending, the tokens whose cumulative probability is at
