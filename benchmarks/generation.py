@@ -22,8 +22,9 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
+
+from . import timing
 
 SMALL = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 TINY = {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 64}
@@ -79,22 +80,6 @@ def _count_traces(model: Any, ids: Any, new: int) -> tuple[dict[str, Any], Any]:
     return counts, tokens
 
 
-def _measure(
-    runs: dict[str, Callable[[], Any]], rounds: int, warmup: int
-) -> dict[str, list[float]]:
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    order = list(runs)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a line per contender and a JSON summary last."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -126,14 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     theirs = run_hf().numpy()
     identical = bool(np.array_equal(np.asarray(ours), theirs))
-    times = _measure(runs, rounds, warmup=1)
+    times = timing.alternate(runs, rounds, ready=lambda out: out)
     stats = {
-        name: {
-            "median_s": statistics.median(ts),
-            "min_s": min(ts),
-            "max_s": max(ts),
-            "tokens_per_s": new / statistics.median(ts),
-        }
+        name: {**timing.summary(ts, unit="s"), "tokens_per_s": new / statistics.median(ts)}
         for name, ts in times.items()
     }
     summary = {

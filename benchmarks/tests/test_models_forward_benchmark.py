@@ -8,6 +8,8 @@ import pytest
 
 from benchmarks import models_forward
 
+pytestmark = pytest.mark.heavy  # benchmark smoke runs: `make test-fast` leaves them out
+
 
 def test_quick_run_reports_each_contender_and_agreement(
     capsys: pytest.CaptureFixture[str],

@@ -8,6 +8,8 @@ import pytest
 
 from benchmarks import generation
 
+pytestmark = pytest.mark.heavy  # benchmark smoke runs: `make test-fast` leaves them out
+
 
 def test_quick_run_reports_speeds_and_one_trace_per_shape(
     capsys: pytest.CaptureFixture[str],

@@ -12,6 +12,8 @@ from safetensors.numpy import load_file
 
 from benchmarks import pretrained_load
 
+pytestmark = pytest.mark.heavy  # benchmark smoke runs: `make test-fast` leaves them out
+
 
 def test_quick_run_reports_every_contender(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--quick", "--contenders", "treemod,safetensors+device_put"]
