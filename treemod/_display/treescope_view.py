@@ -27,6 +27,7 @@ from treescope import rendering_parts as rp
 
 from treemod._format.pretty import count_arrays, is_arraylike_leaf
 from treemod._module.state import State
+from treemod._tree.module_info import module_info
 from treemod.nn._shared import Shared
 from treemod.nn._stack import Stack
 
@@ -127,8 +128,8 @@ def render_module(module: Any, path: str | None, subtree_renderer: Any) -> Any:
 
 
 def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
-    cls = type(module)
-    static = set(cls.__tm_static_fields__)
+    info = module_info(type(module))
+    static = set(info.static_fields)
     shared = _SHARED.get() or {}
     header = _counts_text(module)
     color = None
@@ -142,7 +143,7 @@ def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
         header += f" · ties {len(tied)} array(s): filled in from `get` at each call"
     children = []
     own = path or ""
-    fields = [f for f in cls.__tm_fields__ if hasattr(module, f.name)]
+    fields = [f for f in info.fields if hasattr(module, f.name)]
     for i, f in enumerate(fields):
         value = getattr(module, f.name)
         note = None
@@ -160,7 +161,7 @@ def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
         last = i == len(fields) - 1
         children.append(_field_line(f.name, value, path, subtree_renderer, note, prefix, last))
     return rp.build_foldable_tree_node_from_children(
-        prefix=rp.siblings(rp.maybe_qualified_type_name(cls), "("),
+        prefix=rp.siblings(rp.maybe_qualified_type_name(type(module)), "("),
         children=children,
         suffix=")",
         path=path,

@@ -79,8 +79,7 @@ def _own_arrays(module: Any) -> dict[str, Any]:
 
 def _policy_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     cls = type(self)
-    role: _Role = cls.__tm_precision__
-    base = cls.__tm_precision_base__
+    role, base = _ROLES[cls]
     me = self
     if role.cast_to is not None:
         own = {k: v.astype(role.cast_to) for k, v in _own_arrays(self).items()}
@@ -97,6 +96,8 @@ def _policy_call(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 _CLASSES: dict[tuple[type, _Role], type] = {}
+# Each generated subclass -> its role and the class it wraps (read per call: one dict lookup).
+_ROLES: dict[type, tuple[_Role, type]] = {}
 
 
 def _policy_class(cls: type, role: _Role) -> type:
@@ -105,19 +106,18 @@ def _policy_class(cls: type, role: _Role) -> type:
     if sub is None:
         namespace = {
             "__call__": _policy_call,
-            "__tm_precision__": role,
-            "__tm_precision_base__": cls,
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": cls.__doc__,
         }
         sub = _CLASSES[key] = type(cls)(cls.__name__, (cls,), namespace)
+        _ROLES[sub] = (role, cls)
     return sub
 
 
 def _base_class(cls: type) -> type:
-    base: type = getattr(cls, "__tm_precision_base__", cls)
-    return base
+    entry = _ROLES.get(cls)
+    return cls if entry is None else entry[1]
 
 
 def _children(node: Any) -> tuple[list[Any], Any]:
@@ -212,5 +212,5 @@ def policy_of(model: Any) -> Policy | None:
     Returns:
         The `Policy`, or `None` if the model runs without one.
     """
-    role = getattr(type(model), "__tm_precision__", None)
-    return role.policy if role is not None else None
+    entry = _ROLES.get(type(model))
+    return entry[0].policy if entry is not None else None

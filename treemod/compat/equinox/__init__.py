@@ -5,6 +5,7 @@ Equinox's signatures, initialisation and call conventions) and `debug`. Where a 
 both libraries it behaves as Equinox's does.
 """
 
+# treemod's own features that Equinox lacks, under the same names.
 from treemod import (
     AbstractClassVar,
     AbstractVar,
@@ -13,9 +14,12 @@ from treemod import (
     FrozenModuleError,
     JitWrapped,
     LoadedCompiled,
+    ModelSummary,
     Partial,
     ShapeCheckError,
     State,
+    StateDictMismatch,
+    StateDictReport,
     apply_updates,
     branched_error_if,
     clear_caches,
@@ -46,12 +50,16 @@ from treemod import (
     is_state,
     load,
     load_compiled,
+    load_state_dict,
+    register_state_dict_hooks,
     save,
     save_compiled,
     shape_checks,
     shape_checks_enabled,
     shapecheck,
+    state_dict,
     stateful,
+    summary,
     tree_check,
     tree_flatten_one_level,
     tree_summary,
@@ -82,6 +90,13 @@ from ._tree import tree_at, tree_equal
 from .nn._inference import tree_inference
 
 __all__ = [
+    "ModelSummary",
+    "StateDictMismatch",
+    "StateDictReport",
+    "load_state_dict",
+    "register_state_dict_hooks",
+    "state_dict",
+    "summary",
     "JitWrapped",
     "LoadedCompiled",
     "load_compiled",
