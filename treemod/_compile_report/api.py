@@ -65,7 +65,10 @@ def compile_report(
     path the calls, the time spent tracing, the equations emitted and the StableHLO lowered
     (inclusive and exclusive), and lists the nested programs (inner `jax.jit`/`filter_jit`, such
     as `treemod.nn` layers' cores) with how many call sites share each trace. Modules built
-    inside `fn`, private methods and nested programs count toward the module calling them.
+    inside `fn`, private methods and nested programs count toward the module calling them. A
+    module a transform rebuilds inside `fn` (`filter_grad`'s copy) keeps its path when it is
+    found inside the module calling it, or is the only module of the arguments of its
+    structure and shapes; otherwise it too counts toward its caller.
 
     Arguments:
         fn: a function, a module, a bound method, or a `filter_jit` of one of those.

@@ -155,7 +155,7 @@ class CompileReport:
                 [
                     (
                         p.name,
-                        p.inputs if len(p.inputs) <= 32 else p.inputs[:31] + "…",
+                        p.inputs if len(p.inputs) <= 32 else p.inputs[:29] + "...",
                         str(p.uses),
                         str(p.eqns),
                         "compiled once" if p.compiled_once else "shared trace",
