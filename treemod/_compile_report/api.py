@@ -26,19 +26,20 @@ from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["ONCE_MARKER", "compile_report"]
 
-# The marker in the names of `compile_once`'s nested programs; the compile-once feature's own
-# constant where it is installed (`treemod._transforms.compile_once.ONCE_MARKER`).
+# The marker in the names of `compile_once`'s nested programs: the compile-once feature's own
+# constant where it is installed (`treemod._transforms.roll.UNIT_MARK`), else its value.
 _FALLBACK_MARKER = "tm_once"
 
 
 def _once_feature() -> tuple[str, bool]:
-    """`(marker, whether tm.compile_once exists)`: read at import, without a static import,
-    so the report works before and after the feature lands."""
+    """`(marker, whether tm.compile_once exists)`, read at import without a static import, so
+    the report works before and after the feature lands."""
     try:
-        module = importlib.import_module("treemod._transforms.compile_once")
+        roll = importlib.import_module("treemod._transforms.roll")
+        importlib.import_module("treemod._transforms.compile_once")
     except ImportError:
         return _FALLBACK_MARKER, False
-    return str(getattr(module, "ONCE_MARKER", _FALLBACK_MARKER)), True
+    return str(getattr(roll, "UNIT_MARK", _FALLBACK_MARKER)), True
 
 
 ONCE_MARKER, _ONCE_AVAILABLE = _once_feature()
