@@ -3,7 +3,8 @@
 `assert_max_traces` / `get_num_traces` count traces with the same counter `filter_jit` uses
 (one implementation, one message); `backward_nan` shows a value's cotangent on the backward
 pass; `breakpoint_if` stops in the debugger when a traced predicate holds; `store_dce` and
-`inspect_dce` show which arrays the compiler removed as dead code.
+`inspect_dce` show which arrays the compiler removed as dead code; `compile_report` shows what
+tracing and lowering cost per module path (`treemod/_compile_report/`).
 """
 
 import functools as _functools
@@ -16,6 +17,8 @@ import jax as _jax
 import jax.numpy as _jnp
 import jax.tree_util as _jtu
 
+from treemod._compile_report.api import compile_report
+from treemod._compile_report.report import CompileReport, PathCost, ProgramCost
 from treemod._format.describe import describe_array as _describe_array
 from treemod._format.paths import function_name as _function_name
 from treemod._format.pretty import tree_pformat as _tree_pformat
@@ -31,9 +34,13 @@ from treemod._tree.filters import is_traceable_array as _is_array
 from treemod._tree.filters import partition as _partition
 
 __all__ = [
+    "CompileReport",
+    "PathCost",
+    "ProgramCost",
     "assert_max_traces",
     "backward_nan",
     "breakpoint_if",
+    "compile_report",
     "get_num_traces",
     "inspect_dce",
     "store_dce",

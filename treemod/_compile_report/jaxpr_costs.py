@@ -1,0 +1,124 @@
+"""Equations per module path, and the nested programs of a traced function.
+
+A nested `jax.jit` (a `filter_jit` inside the function, the cores of `treemod.nn`'s layers) is
+one `jit` equation holding its callee's jaxpr. JAX traces a callee once per function and input
+signature and hands every call site the same jaxpr object, so the callees grouped by identity
+are the traced programs, and their number of call sites is their reuse. Counts are inlined:
+each call site counts its callee's equations, as in the program XLA compiles (it inlines every
+call), so a path's count equals that of tracing the module alone.
+
+A callee's equations carry name stacks relative to the callee (JAX traces it once for all
+call sites), so they count toward the paths of the equation that calls them, plus any path
+scopes of their own (a module with a path called inside a nested trace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from treemod._compile_report.names import ScopeReader
+from treemod._format.describe import describe_array
+from treemod._private_apis import ClosedJaxpr
+
+__all__ = ["JaxprCosts", "ProgramUse", "jaxpr_costs", "sub_jaxprs"]
+
+_CALL_PRIMITIVES = ("jit", "pjit")
+
+
+@dataclasses.dataclass
+class ProgramUse:
+    """One traced nested program: its name, call sites (inlined), body size and callers."""
+
+    name: str
+    inputs: str
+    uses: int = 0
+    eqns: int = 0
+    callers: Counter[str] = dataclasses.field(default_factory=Counter)
+
+
+@dataclasses.dataclass
+class JaxprCosts:
+    """Equations per path (inclusive and exclusive), the programs, and loops."""
+
+    eqns: Counter[str]
+    self_eqns: Counter[str]
+    total: int
+    programs: list[ProgramUse]
+    scans: int
+    once_uses: Counter[str]
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """The jaxprs an equation holds (a callee, a loop body, the branches of a `cond`)."""
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                yield item.jaxpr
+            elif hasattr(item, "eqns") and hasattr(item, "invars"):
+                yield item
+
+
+def _inputs(jaxpr: Any) -> str:
+    """The callee's input types (`f32[8,4] f32[8]`): what tells two traces of one name apart."""
+    avals: list[Any] = [getattr(v, "aval", None) for v in jaxpr.invars]
+    return " ".join(
+        describe_array(a.shape, a.dtype) if hasattr(a, "shape") else str(a) for a in avals
+    )
+
+
+def _size(jaxpr: Any, memo: dict[int, int]) -> int:
+    """Equations of `jaxpr`, nested ones included (memoised per jaxpr object)."""
+    found = memo.get(id(jaxpr))
+    if found is None:
+        found = 0
+        for eqn in jaxpr.eqns:
+            found += 1
+            for sub in sub_jaxprs(eqn.params):
+                found += _size(sub, memo)
+        memo[id(jaxpr)] = found
+    return found
+
+
+def jaxpr_costs(closed: Any, read: ScopeReader, root: str, marker: str) -> JaxprCosts:
+    """Walk a traced function's jaxpr, attributing each equation to the module paths whose
+    scopes it ran under (`read` finds them; none: `root`)."""
+    costs = JaxprCosts(Counter(), Counter(), 0, [], 0, Counter())
+    programs: dict[int, ProgramUse] = {}
+    memo: dict[int, int] = {}
+    # (jaxpr, the paths of the equation that holds it), walked without recursion: deep models
+    # nest programs deeply.
+    todo: list[tuple[Any, tuple[str, ...]]] = [(closed.jaxpr, ())]
+    while todo:
+        jaxpr, outer = todo.pop()
+        for eqn in jaxpr.eqns:
+            chain = outer
+            for path in read(str(eqn.source_info.name_stack)):
+                if path not in chain:
+                    chain = (*chain, path)
+            costs.total += 1
+            costs.self_eqns[chain[-1] if chain else root] += 1
+            costs.eqns[root] += 1
+            for path in chain:
+                costs.eqns[path] += 1
+            name = eqn.primitive.name
+            if name == "scan":
+                costs.scans += 1
+            if name in _CALL_PRIMITIVES and isinstance(eqn.params.get("jaxpr"), ClosedJaxpr):
+                callee = eqn.params["jaxpr"].jaxpr
+                use = programs.get(id(callee))
+                if use is None:
+                    label = str(eqn.params.get("name", name))
+                    use = programs[id(callee)] = ProgramUse(
+                        label, _inputs(callee), eqns=_size(callee, memo)
+                    )
+                use.uses += 1
+                use.callers[chain[-1] if chain else root] += 1
+                if marker in use.name:
+                    for path in (root, *chain):
+                        costs.once_uses[path] += 1
+            todo.extend((sub, chain) for sub in sub_jaxprs(eqn.params))
+    costs.programs = list(programs.values())
+    return costs
