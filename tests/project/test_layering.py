@@ -25,6 +25,7 @@ LAYERS = {
     "_saving/": 6,
     "nn/": 7,
     "debug.py": 8,
+    "_compile_report/": 8,
     "_state_dict/": 8,
     "_compat_api.py": 8,
     "models/": 9,
