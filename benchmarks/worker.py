@@ -116,8 +116,9 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 def _steady(
     case: Any, carry: Any, x: Any, y: Any, iters: int, samples: int
-) -> tuple[Any, float, float]:
-    """Median seconds per step (wall and process CPU) over `samples` runs of `iters` steps.
+) -> tuple[Any, Any, float, float]:
+    """The carry and loss after the last step, and the median seconds per step (wall and
+    process CPU) over `samples` runs of `iters` steps.
 
     The steps of a sample are dispatched asynchronously, as in a training loop; the sample ends
     when the last loss is ready.
@@ -128,16 +129,16 @@ def _steady(
     for _ in range(2):  # warm up
         carry, loss = step(carry, x, y)
     jax.block_until_ready(loss)
-    state = [carry]
+    state = [carry, loss]
 
     def one_step() -> Any:
-        state[0], loss = step(state[0], x, y)
-        return loss
+        state[0], state[1] = step(state[0], x, y)
+        return state[1]
 
     walls_cpus = [timing.time_block(one_step, iters, cpu=True) for _ in range(samples)]
     case.wait(state[0])
     wall = timing.summary([w for w, _ in walls_cpus])["median"]
-    return state[0], wall, timing.summary([c for _, c in walls_cpus])["median"]
+    return state[0], state[1], wall, timing.summary([c for _, c in walls_cpus])["median"]
 
 
 def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, Any]) -> dict:
@@ -189,7 +190,7 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
     res.update(events.summary())
     res["jit_total_s"] = res["trace_s"] + res["lower_s"] + res["compile_s"]
     iters = cfg["tiny_iters"] if w.kind == "mlp" else cfg["tiny_iters_heavy"]
-    carry, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
+    carry, loss, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
         case, carry, x, y, iters, cfg["tiny_samples"]
     )
 
@@ -203,10 +204,10 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
         carry, loss = case.step(carry, x, y)
         jax.block_until_ready(loss)
         res["first_call_big_s"] = time.perf_counter() - t
-        carry, res["step_big_s"], res["step_big_cpu_s"] = _steady(
+        carry, loss, res["step_big_s"], res["step_big_cpu_s"] = _steady(
             case, carry, x, y, cfg["big_iters"], cfg["big_samples"]
         )
-    res["loss"] = float(loss)
+    res["loss"] = float(loss)  # after the last step
     return res
 
 
