@@ -23,7 +23,7 @@ from typing import Any
 from .charts import CHARTS, charts
 from .summary import summarise
 from .targets import STACK_METRICS, framework_order, from_one_run, metric_stats, targets
-from .workloads.spec import LABELS, workloads
+from .workloads.spec import LABELS, suite
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_PAGE = ROOT / "docs" / "benchmarks.md"
@@ -327,7 +327,7 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     example without the realistic batch) leaves the others to the run before. A library's
     failures on a workload come from the latest run that ran it there.
     """
-    order = list(workloads())
+    order = list(suite())
     by_start = sorted(range(len(docs)), key=lambda n: docs[n]["meta"]["started"])
     runs = {n: summarise(docs[n]["records"]) for n in by_start}
     source: dict[tuple[str, str], int] = {}  # (workload, metric) -> the run it comes from

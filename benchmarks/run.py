@@ -8,7 +8,10 @@ the persistent compilation cache off, so every import and every compile is cold.
 round-robin: within a repeat the frameworks take turns on each workload, starting from a
 different one each time, so slow phases of the machine spread over all of them. Frameworks
 that are not installed are skipped with the reason shown. `--quick` uses tiny models, one
-repeat and one process per framework (all workloads in it), as a smoke test.
+repeat and one process per framework (all workloads in it), as a smoke test. The DARTS
+supernet (workload `darts`, each library's bilevel step) runs its small config, or its tiny one
+with `--config '{"darts_size": "tiny"}'` or with `--quick`, which runs it only when named
+(`--quick --workloads darts`: its compile takes minutes even so).
 
 A run writes its results after every process; `--resume` continues an interrupted one.
 Results go to `DIR/results.json` (every measurement, the summary and the machine), a Markdown
@@ -42,7 +45,7 @@ from .workloads.spec import (
     REQUIRES,
     describe,
     expected_params,
-    workloads,
+    suite,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=None, help="comma-separated (default: all)")
     parser.add_argument("--repeats", type=int, default=None, help="default 5 (quick: 1)")
     parser.add_argument("--out", default=None, help="output directory")
-    parser.add_argument("--config", default="{}", help="JSON overrides of the worker settings")
+    parser.add_argument(
+        "--config",
+        default="{}",
+        help="JSON overrides of the worker settings (benchmarks/worker.py's DEFAULTS), e.g. "
+        '\'{"darts_size": "tiny"}\' for the DARTS supernet\'s tiny config (default: small; '
+        "tiny with --quick)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     parser.add_argument(
         "--budget-min",
@@ -212,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    specs = workloads(args.quick)
-    names = args.workloads.split(",") if args.workloads else list(specs)
+    config = {**(QUICK_CONFIG if args.quick else FULL_CONFIG), **json.loads(args.config)}
+    try:
+        specs = suite(args.quick, config.get("darts_size"))
+    except ValueError as err:
+        parser.error(f"--config: {err}")
+    # The DARTS supernet's tiny step still compiles for minutes: a quick run runs it when named.
+    names = (
+        args.workloads.split(",")
+        if args.workloads
+        else [n for n, w in specs.items() if not (args.quick and w.kind == "darts")]
+    )
     wanted = args.frameworks.split(",")
     for bad in [n for n in names if n not in specs] + [f for f in wanted if f not in FRAMEWORKS]:
         parser.error(
@@ -225,7 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1:  # on a GPU each worker would otherwise take 75% of its memory at start
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out_dir = Path(args.out) if args.out else DEFAULT_OUT / ("quick" if args.quick else "")
-    config = {**(QUICK_CONFIG if args.quick else FULL_CONFIG), **json.loads(args.config)}
 
     status: dict[str, dict[str, Any]] = {}
     frameworks = []

@@ -8,6 +8,9 @@ The process first times its imports (JAX, optax, then the framework), then for e
 eager model construction, construction under `eval_shape` and inside `jit`, the first call of
 the training step (split into JAX's trace, lowering and XLA compile time, which JAX reports
 through `jax.monitoring`), and steady-state step times at a tiny and a realistic batch size.
+The DARTS workload's case comes from `darts_<framework>.make_step` (`case.bilevel_case`): its
+construction is of the whole carry, eager only, and it has one batch (a training and a
+validation half).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any  # noqa: E402
 
 from . import timing  # noqa: E402
 from .workloads import MODULES  # noqa: E402
-from .workloads.spec import REQUIRES, Workload, expected_params, workloads  # noqa: E402
+from .workloads.case import bilevel_case  # noqa: E402
+from .workloads.spec import REQUIRES, Workload, darts_config, expected_params, suite  # noqa: E402
 
 TRACE = "/jax/core/compile/jaxpr_trace_duration"
 LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
@@ -40,7 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "init_jit": True,  # also time construction inside jit
     "init_jit_workloads": None,  # ... on these workloads only (None: all)
     "big": True,  # also measure the realistic batch
-    "big_workloads": None,  # ... on these workloads only (None: all)
+    "big_workloads": None,  # ... on these workloads only (None: all that have one)
+    "darts_size": None,  # the DARTS supernet's size, "small" or "tiny" (None: tiny if quick)
 }
 
 
@@ -88,6 +93,11 @@ def _batch(w: Workload, n: int, channels_last: bool) -> tuple[Any, Any]:
 
     rng = np.random.default_rng(n)
     y = jnp.asarray(rng.integers(0, w.classes, size=(n,)), dtype=jnp.int32)
+    if w.kind == "darts":  # a bilevel step's (training, validation) images and labels
+        xs = rng.standard_normal((2, n, w.image, w.image, 3))
+        ys = rng.integers(0, w.classes, size=(2, n))
+        x = tuple(jnp.asarray(v, dtype=jnp.float32) for v in xs)
+        return x, tuple(jnp.asarray(v, dtype=jnp.int32) for v in ys)
     if w.kind == "mlp":
         x = jnp.asarray(rng.standard_normal((n, w.width)), dtype=jnp.float32)
     elif w.kind == "resnet":
@@ -106,8 +116,9 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 def _steady(
     case: Any, carry: Any, x: Any, y: Any, iters: int, samples: int
-) -> tuple[Any, float, float]:
-    """Median seconds per step (wall and process CPU) over `samples` runs of `iters` steps.
+) -> tuple[Any, Any, float, float]:
+    """The carry and loss after the last step, and the median seconds per step (wall and
+    process CPU) over `samples` runs of `iters` steps.
 
     The steps of a sample are dispatched asynchronously, as in a training loop; the sample ends
     when the last loss is ready.
@@ -118,25 +129,27 @@ def _steady(
     for _ in range(2):  # warm up
         carry, loss = step(carry, x, y)
     jax.block_until_ready(loss)
-    state = [carry]
+    state = [carry, loss]
 
     def one_step() -> Any:
-        state[0], loss = step(state[0], x, y)
-        return loss
+        state[0], state[1] = step(state[0], x, y)
+        return state[1]
 
     walls_cpus = [timing.time_block(one_step, iters, cpu=True) for _ in range(samples)]
     case.wait(state[0])
     wall = timing.summary([w for w, _ in walls_cpus])["median"]
-    return state[0], wall, timing.summary([c for _, c in walls_cpus])["median"]
+    return state[0], state[1], wall, timing.summary([c for _, c in walls_cpus])["median"]
 
 
 def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, Any]) -> dict:
     """All measurements of one workload (imports already done)."""
     import jax
 
-    module = importlib.import_module(MODULES[framework])
     res: dict[str, Any] = {}
-    case = module.build(w)
+    if w.kind == "darts":
+        case = bilevel_case(framework, darts_config(w))
+    else:
+        case = importlib.import_module(MODULES[framework]).build(w)
 
     t, c = time.perf_counter(), time.process_time()
     model = case.make_model(0)
@@ -148,15 +161,21 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
         raise AssertionError(
             f"{framework}/{w.name}: {res['params']} parameters, expected {expected_params(w)}"
         )
-    _, res["init_abstract_s"] = _timed(case.make_model_abstract, 1)
-    if cfg["init_jit"] and (
-        cfg["init_jit_workloads"] is None or w.name in cfg["init_jit_workloads"]
+    if case.make_model_abstract is not None:
+        _, res["init_abstract_s"] = _timed(case.make_model_abstract, 1)
+    if (
+        case.make_model_jit is not None
+        and cfg["init_jit"]
+        and (cfg["init_jit_workloads"] is None or w.name in cfg["init_jit_workloads"])
     ):
         t = time.perf_counter()
         case.wait(case.make_model_jit(2))
         res["init_jit_s"] = time.perf_counter() - t
-    carry, res["opt_init_s"] = _timed(case.make_carry, model)
-    case.wait(carry)
+    if case.make_carry is None:  # the model is the whole carry
+        carry = model
+    else:
+        carry, res["opt_init_s"] = _timed(case.make_carry, model)
+        case.wait(carry)
     del model
 
     x, y = _batch(w, w.tiny_batch, case.channels_last)
@@ -167,23 +186,28 @@ def measure(framework: str, w: Workload, events: CompileEvents, cfg: dict[str, A
     case.wait(carry)
     res["first_call_s"] = time.perf_counter() - t
     res["first_call_cpu_s"] = time.process_time() - c
+    res["first_loss"] = float(loss)
     res.update(events.summary())
     res["jit_total_s"] = res["trace_s"] + res["lower_s"] + res["compile_s"]
     iters = cfg["tiny_iters"] if w.kind == "mlp" else cfg["tiny_iters_heavy"]
-    carry, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
+    carry, loss, res["step_tiny_s"], res["step_tiny_cpu_s"] = _steady(
         case, carry, x, y, iters, cfg["tiny_samples"]
     )
 
-    if cfg["big"] and (cfg["big_workloads"] is None or w.name in cfg["big_workloads"]):
+    if (
+        cfg["big"]
+        and w.big_batch
+        and (cfg["big_workloads"] is None or w.name in cfg["big_workloads"])
+    ):
         x, y = _batch(w, w.big_batch, case.channels_last)
         t = time.perf_counter()
         carry, loss = case.step(carry, x, y)
         jax.block_until_ready(loss)
         res["first_call_big_s"] = time.perf_counter() - t
-        carry, res["step_big_s"], res["step_big_cpu_s"] = _steady(
+        carry, loss, res["step_big_s"], res["step_big_cpu_s"] = _steady(
             case, carry, x, y, cfg["big_iters"], cfg["big_samples"]
         )
-    res["loss"] = float(loss)
+    res["loss"] = float(loss)  # after the last step
     return res
 
 
@@ -214,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     events = CompileEvents()
     jax.monitoring.register_event_duration_secs_listener(events)
 
-    specs = workloads(args.quick)
+    specs = suite(args.quick, cfg["darts_size"])
     for i, name in enumerate(args.workloads.split(",")):
         rec: dict[str, Any] = {**base, "workload": name, **imports, "imports_shared": i > 0}
         try:

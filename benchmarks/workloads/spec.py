@@ -2,7 +2,8 @@
 
 Every framework module in this package builds these models from a `Workload` and must reach the
 parameter count given by `expected_params`; the worker asserts it, so all frameworks train the
-same architecture. This module imports nothing heavy.
+same architecture. `suite` adds the DARTS supernet, whose bilevel step each library writes in
+`darts_<framework>.py`. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-Kind = Literal["mlp", "resnet", "transformer"]
+from . import darts_spec
+
+Kind = Literal["mlp", "resnet", "transformer", "darts"]
 
 FRAMEWORKS = ("jax", "treemod", "equinox", "nnx", "linen", "haiku")
 """Contender names, the floor (plain JAX on dicts) first."""
@@ -54,7 +57,9 @@ class Workload:
     """One benchmark model and its batch sizes.
 
     `depth` is the number of hidden layers (MLP) or transformer blocks; `widths`/`blocks` describe
-    the ResNet stages. `tiny_batch` makes the step dispatch-bound, `big_batch` is a realistic one.
+    the ResNet stages. `tiny_batch` makes the step dispatch-bound, `big_batch` is a realistic one
+    (0: none). The DARTS supernet keeps its `DartsConfig` in `depth` (cells), `width` (channels),
+    `image`, `classes` and `tiny_batch` (its one batch): see `darts_config`.
     """
 
     name: str
@@ -94,7 +99,8 @@ def _transformer(name: str, title: str, depth: int, scan: bool, quick: bool) -> 
 
 
 def workloads(quick: bool = False) -> dict[str, Workload]:
-    """All workloads by name, at full size or (`quick`) at a tiny size for smoke runs."""
+    """The model workloads (those a framework module's `build` makes) by name, at full size or
+    (`quick`) at a tiny size for smoke runs."""
     if quick:
         mlp = dict(width=16, tiny_batch=2, big_batch=32)
         resnet = dict(widths=(4, 8, 8, 16), blocks=(1, 1, 1, 1), image=8, tiny_batch=2, big_batch=8)
@@ -115,10 +121,51 @@ def workloads(quick: bool = False) -> dict[str, Workload]:
     return {w.name: w for w in items}
 
 
+DARTS_SIZES = {"small": darts_spec.DartsConfig.small, "tiny": darts_spec.DartsConfig.tiny}
+"""The DARTS supernet's sizes the suite runs (the worker setting `darts_size`)."""
+
+
+def darts_workload(size: str) -> Workload:
+    """The DARTS supernet's bilevel step at `size` (a key of `DARTS_SIZES`) as a workload.
+
+    Raises ValueError naming the sizes when `size` is not one.
+    """
+    if size not in DARTS_SIZES:
+        raise ValueError(f"darts_size {size!r} is not one of {', '.join(map(repr, DARTS_SIZES))}")
+    cfg = DARTS_SIZES[size]()
+    return Workload(
+        "darts", "darts", "DARTS supernet, bilevel step", depth=cfg.cells, width=cfg.channels,
+        classes=cfg.classes, image=cfg.image, tiny_batch=cfg.batch, big_batch=0,
+    )  # fmt: skip
+
+
+def darts_config(w: Workload) -> darts_spec.DartsConfig:
+    """The `DartsConfig` of a DARTS workload."""
+    return darts_spec.DartsConfig(
+        channels=w.width, cells=w.depth, batch=w.tiny_batch, image=w.image, classes=w.classes
+    )
+
+
+def suite(quick: bool = False, darts_size: str | None = None) -> dict[str, Workload]:
+    """The suite's workloads by name: `workloads(quick)` and the DARTS supernet, whose step
+    is each library's `darts_<framework>.make_step` (its size: `darts_size`, by default "tiny"
+    when `quick`, else "small")."""
+    size = darts_size or ("tiny" if quick else "small")
+    return {**workloads(quick), "darts": darts_workload(size)}
+
+
 def describe(w: Workload) -> str:
     """A one-line description of the architecture, for the report."""
     if w.kind == "mlp":
         return f"MLP {w.depth} hidden x {w.width}, in {w.width}, out {w.classes}, ReLU"
+    if w.kind == "darts":
+        cfg = darts_config(w)
+        return (
+            f"DARTS search network, {cfg.cells} cells (C={cfg.channels}, 14 mixed edges of 8 "
+            f"operations each), {cfg.image}x{cfg.image}x3 -> {cfg.classes}, batch {cfg.batch}; "
+            "one first-order bilevel step: Adam on the architecture (validation batch), SGD "
+            "with momentum on the weights (training batch)"
+        )
     if w.kind == "resnet":
         return (
             f"ResNet ({'-'.join(map(str, w.blocks))} basic blocks, widths "
@@ -137,6 +184,8 @@ def expected_params(w: Workload) -> int:
     if w.kind == "mlp":
         d, c = w.width, w.classes
         return (d * d + d) + (w.depth - 1) * (d * d + d) + (d * c + c)
+    if w.kind == "darts":
+        return darts_spec.expected_params(darts_config(w))
     if w.kind == "resnet":
         total = 3 * 3 * 3 * w.widths[0] + 2 * w.widths[0]  # stem conv (no bias) + BN
         cin = w.widths[0]
