@@ -23,7 +23,6 @@ side by side.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -141,81 +140,40 @@ def _emit_one(eqn: Any, env: dict[Any, Any]) -> None:
         env[v] = o
 
 
-class _Packing:
-    """Where each of several arrays lies in one flat vector per dtype.
-
-    Rolled calls take and give their arrays packed this way: stacking the inputs and writing
-    the outputs then costs one copy per dtype rather than one per array (a block with thirty
-    weights would otherwise add sixty small kernels per group to what XLA compiles). Arrays of
-    extended dtypes (PRNG keys) travel on their own.
-    """
-
-    def __init__(self, avals: Sequence[Any]) -> None:
-        self.slots: list[tuple[int, int, int, tuple[int, ...]]] = []
-        self.n_buffers = 0
-        buffer_of: dict[Any, int] = {}
-        sizes: list[int] = []
-        for aval in avals:
-            size = math.prod(aval.shape)
-            if jnp.issubdtype(aval.dtype, jnp.number) or aval.dtype == jnp.bool_:
-                b = buffer_of.setdefault(aval.dtype, len(sizes))
-                if b == len(sizes):
-                    sizes.append(0)
-                self.slots.append((b, sizes[b], size, tuple(aval.shape)))
-                sizes[b] += size
-            else:
-                self.slots.append((len(sizes), -1, size, tuple(aval.shape)))
-                sizes.append(0)
-        self.n_buffers = len(sizes)
-
-    def pack(self, values: Sequence[Any]) -> list[Any]:
-        parts: list[list[Any]] = [[] for _ in range(self.n_buffers)]
-        for (b, offset, _, _), v in zip(self.slots, values, strict=True):
-            parts[b].append(v if offset < 0 else jnp.ravel(v))
-        return [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts]
-
-    def unpack(self, buffers: Sequence[Any]) -> list[Any]:
-        out = []
-        for b, offset, size, shape in self.slots:
-            x = buffers[b]
-            if offset >= 0:
-                x = lax.reshape(lax.slice_in_dim(x, offset, offset + size, axis=x.ndim - 1), shape)
-            out.append(x)
-        return out
-
-
 def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
-    """Run the calls in `group` (one program, independent of each other) as one scan."""
+    """Run the calls in `group` (one program, independent of each other) as one scan.
+
+    Each input that differs between the calls is stacked on its own. Packing all of them into
+    one buffer per dtype would copy less often, but every slice out of such a buffer has its
+    own offset, so XLA would generate a distinct kernel for each; a stack or a slice of one
+    array's shape is the same kernel wherever it occurs, and XLA compiles it once.
+    """
     closed = group[0].params["jaxpr"]
     n_in = len(group[0].invars)
     shared: dict[int, Any] = {}
     stacked_pos: list[int] = []
+    stacked: list[Any] = []
     for p in range(n_in):
         vs = [e.invars[p] for e in group]
         if _same(vs):
             shared[p] = _read(env, vs[0])
         else:
             stacked_pos.append(p)
-    ins = _Packing([closed.in_avals[p] for p in stacked_pos])
-    outs = _Packing(closed.out_avals)
-    per_member = [
-        ins.pack([jnp.asarray(_read(env, e.invars[p])) for p in stacked_pos]) for e in group
-    ]
-    stacked = [jnp.stack(bufs) for bufs in zip(*per_member, strict=True)]
+            stacked.append(jnp.stack([jnp.asarray(_read(env, v)) for v in vs]))
 
     def body(carry: None, xs: list[Any]) -> tuple[None, list[Any]]:
         args: list[Any] = [None] * n_in
         for p, value in shared.items():
             args[p] = value
-        for p, x in zip(stacked_pos, ins.unpack(xs), strict=True):
+        for p, x in zip(stacked_pos, xs, strict=True):
             args[p] = x
-        return None, outs.pack(_run_program(closed, args))
+        return None, _run_program(closed, args)
 
     with eqn_context(group[0]):
         _, ys = lax.scan(body, None, stacked, length=len(group))
     for m, eqn in enumerate(group):
-        for v, y in zip(eqn.outvars, outs.unpack([y[m] for y in ys]), strict=True):
-            env[v] = y
+        for v, y in zip(eqn.outvars, ys, strict=True):
+            env[v] = y[m]
 
 
 def eval_rolled(closed: Any, args: Sequence[Any]) -> list[Any]:
