@@ -50,6 +50,7 @@ from treemod._transforms.custom_vjp import filter_custom_vjp
 from treemod._transforms.error_if import RuntimeCheckError, branched_error_if, error_if
 from treemod._transforms.eval_shape import filter_eval_shape
 from treemod._transforms.jit import JitWrapped, filter_jit
+from treemod._transforms.compile_once import compile_once
 from treemod._transforms.make_jaxpr import filter_make_jaxpr
 from treemod._transforms.shard import filter_shard
 from treemod._transforms.pmap import filter_pmap
@@ -181,6 +182,7 @@ __all__ = [
     "filter_jacfwd",
     "filter_jacrev",
     "filter_jit",
+    "compile_once",
     "filter_jvp",
     "filter_make_jaxpr",
     "filter_pmap",

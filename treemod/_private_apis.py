@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import jax  # noqa: F401  (loads the jax._src modules below)
 
+# `source_info_util` (jax._src, since JAX 0.2): `_transforms/roll.py` re-emits a traced
+# program's equations one by one, as `jax.core.eval_jaxpr` does, keeping each equation's name
+# stack and source location (the compile report and XLA's metadata read them).
+from jax._src import source_info_util as _source_info_util
+
 # `Primitive`, `ClosedJaxpr`, `jaxpr_as_fun`, `find_top_trace` (jax._src.core, there since JAX
 # 0.4.2). `jax.extend.core` re-exports the first three, but importing `jax.extend` imports every
 # one of its submodules (tens of milliseconds at `import treemod`).
@@ -27,7 +32,8 @@ import jax  # noqa: F401  (loads the jax._src modules below)
 #   (`filter_closure_convert`).
 # - `find_top_trace`: the innermost trace of the primals, so `filter_jvp` can tell its own
 #   tracers from an enclosing transform's (no public equivalent).
-from jax._src.core import ClosedJaxpr, Primitive, find_top_trace, jaxpr_as_fun
+# - `Literal`: a constant operand of an equation (`_transforms/roll.py`, below).
+from jax._src.core import ClosedJaxpr, Literal, Primitive, find_top_trace, jaxpr_as_fun
 
 # `_convert_element_type(x, weak_type=True)` (jax._src.lax.lax, there before JAX 0.4.1): make an
 # array weakly typed again. `load` restores a saved weakly typed scalar with it; the public
@@ -47,7 +53,10 @@ __all__ = [
     "convert_element_type",
     "find_top_trace",
     "get_shape_memo",
+    "bind_equation",
+    "eqn_context",
     "jaxpr_as_fun",
+    "Literal",
     "opaque_trace_state",
     "pop_shape_memo",
     "push_shape_memo",
@@ -90,6 +99,44 @@ def opaque_trace_state() -> Any:
         return _get_opaque_trace_state(convention="treemod")
     except Exception:  # pragma: no cover - changed: the nested-transform check is skipped
         return None
+
+
+def eqn_context(eqn: Any) -> Any:
+    """The context `jax.core.eval_jaxpr` binds an equation under: its name stack, source
+    location and context managers (JAX 0.4.36+: `eqn.ctx.manager`)."""
+    name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+    return _ContextPair(
+        _source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+        eqn.ctx.manager,
+    )
+
+
+class _ContextPair:
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self) -> None:
+        self.first.__enter__()
+        self.second.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.second.__exit__(*exc)
+        finally:
+            self.first.__exit__(*exc)
+
+
+def bind_equation(eqn: Any, invals: list[Any]) -> list[Any]:
+    """Bind one traced equation's primitive to `invals` as `jax.core.eval_jaxpr` does.
+
+    `get_bind_params` returns the parameters alone since JAX 0.7 and `(subfuns, params)` before.
+    """
+    got = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = ([], got) if isinstance(got, dict) else got
+    out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def reset_compilation_cache() -> None:

@@ -133,6 +133,9 @@ class MixedOp(tm.Module):
             DilConv(c, 3, stride, key=ks[3]), DilConv(c, 5, stride, key=ks[4]),
         ]  # fmt: skip
 
+    # The one switch: the 14 edges of a cell share a configuration, so XLA compiles one edge
+    # per configuration and group of independent edges instead of every copy.
+    @tm.compile_once
     def __call__(self, x: jax.Array, weights: jax.Array) -> jax.Array:
         s = self.stride
         outs = [

@@ -34,6 +34,7 @@ from treemod._transforms.jit_cache import (
 )
 from treemod._transforms.jit_sharing import share
 from treemod._transforms.leaves import merge_leaves, pack_output, unpack_output
+from treemod._transforms.roll import rolling_enabled, trace_rolled
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
@@ -206,10 +207,15 @@ class JitWrapped(TransformedFunction[P, R]):
         # would keep the wrapper, or the module's arrays, alive as long as the cache.
         caller, name, flag = self._caller, self._name, self._explain
 
-        def traced(dynamic: list[Any]) -> Any:
-            count.record(name, flag, lambda: (treedef, mask, static, tuple(map(aval_of, dynamic))))
+        def run(dynamic: list[Any]) -> Any:
             fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
             return pack_output(caller(fn_tree, args, kwargs), held=True)
+
+        def traced(dynamic: list[Any]) -> Any:
+            count.record(name, flag, lambda: (treedef, mask, static, tuple(map(aval_of, dynamic))))
+            # Once a `compile_once` method exists, traces go through `roll.py`, which rolls
+            # independent calls of one such program into a loop; until then, no extra pass.
+            return trace_rolled(run, (dynamic,)) if rolling_enabled() else run(dynamic)
 
         _named(traced, name)
         if self._donate == "none":

@@ -1,0 +1,236 @@
+"""Rolling: independent calls of one `compile_once` program become one `lax.scan`.
+
+XLA inlines every nested call before it optimises, so a program with twelve calls of one
+traced function is compiled as twelve copies (on the CPU each copy's fusions are generated and
+compiled by LLVM separately: the bulk of a sprawling network's compile). A loop is the one
+construct whose body XLA compiles once. This file rewrites a traced program so that calls of
+the same `compile_once` program that do not depend on each other run as one `lax.scan` over
+their stacked inputs.
+
+Which calls are grouped: equations binding JAX's `jit` primitive whose program name carries
+`UNIT_MARK` (given by `compile_once`, and kept by JAX in the names of their derivatives:
+`jvp(...)`, `transpose(jvp(...))`), with the same program object, at the same depth of the
+dependency graph (an equation's depth is one more than the deepest equation it reads from, so
+two equations at one depth never depend on each other). Programs with side effects are left as
+they are. Each group of two or more becomes a scan: inputs that every call shares are passed to
+the body once, the others stacked along a new leading axis; each call's outputs are slices of
+the scan's stacked outputs. Nested programs that contain units are rolled inside as well.
+
+The trade-off (measured in `benchmarks/experiments/compile_once.py`): XLA no longer fuses across
+the loop's boundary, stacking copies the inputs, and the calls run one after another rather than
+side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from treemod._private_apis import Literal, bind_equation, eqn_context
+
+__all__ = [
+    "UNIT_MARK",
+    "contains_units",
+    "enable_rolling",
+    "eval_rolled",
+    "rolling_enabled",
+    "trace_rolled",
+]
+
+UNIT_MARK = "tm_once"
+
+
+# Process-wide, set once by the first `compile_once`: until then `filter_jit` traces as before.
+_ANY_UNIT = [False]
+
+
+def enable_rolling() -> None:
+    """Called by `compile_once` when it wraps a method: from now on, traces are rolled."""
+    _ANY_UNIT[0] = True
+
+
+def rolling_enabled() -> bool:
+    """Whether `filter_jit` should trace through `eval_rolled` (a `compile_once` exists)."""
+    return _ANY_UNIT[0]
+
+
+def _is_unit(eqn: Any) -> bool:
+    return eqn.primitive.name == "jit" and UNIT_MARK in eqn.params["name"]
+
+
+_contains: dict[int, tuple[Any, bool]] = {}
+
+
+def contains_units(jaxpr: Any) -> bool:
+    """Whether `jaxpr` (open) calls a `compile_once` program, directly or in a nested `jit`."""
+    hit = _contains.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    found = any(
+        _is_unit(e) or (e.primitive.name == "jit" and contains_units(e.params["jaxpr"].jaxpr))
+        for e in jaxpr.eqns
+    )
+    _contains[id(jaxpr)] = (jaxpr, found)  # holds the jaxpr, so its id is not reused
+    return found
+
+
+def _read(env: dict[Any, Any], v: Any) -> Any:
+    return v.val if isinstance(v, Literal) else env[v]
+
+
+def _depths(eqns: Sequence[Any]) -> list[int]:
+    """Each equation's depth: one more than the deepest equation whose outputs it reads."""
+    depth_of: dict[Any, int] = {}
+    out = []
+    for eqn in eqns:
+        d = 1 + max(
+            (depth_of.get(v, 0) for v in eqn.invars if not isinstance(v, Literal)), default=0
+        )
+        out.append(d)
+        for v in eqn.outvars:
+            depth_of[v] = d
+    return out
+
+
+def _same(vs: Sequence[Any]) -> bool:
+    """Whether every call passes the same variable (or equal literal) at this position."""
+    first = vs[0]
+    if isinstance(first, Literal):
+        return all(isinstance(v, Literal) and v.val is first.val for v in vs)
+    return all(v is first for v in vs)
+
+
+_rolled_programs: dict[int, tuple[Any, Callable[..., Any]]] = {}
+
+
+def _rolled_call(closed: Any, name: str) -> Callable[..., Any]:
+    """A `jax.jit` running `closed` with its own units rolled (one per program)."""
+    hit = _rolled_programs.get(id(closed))
+    if hit is not None and hit[0] is closed:
+        return hit[1]
+
+    def run(*args: Any) -> Any:
+        return eval_rolled(closed, args)
+
+    run.__name__ = run.__qualname__ = name
+    fn = jax.jit(run)
+    _rolled_programs[id(closed)] = (closed, fn)
+    return fn
+
+
+def _run_program(closed: Any, args: Sequence[Any]) -> list[Any]:
+    if contains_units(closed.jaxpr):
+        return eval_rolled(closed, args)
+    return list(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *args))
+
+
+def _emit_one(eqn: Any, env: dict[Any, Any]) -> None:
+    invals = [_read(env, v) for v in eqn.invars]
+    if eqn.primitive.name == "jit" and contains_units(eqn.params["jaxpr"].jaxpr):
+        with eqn_context(eqn):
+            outs = _rolled_call(eqn.params["jaxpr"], eqn.params["name"])(*invals)
+    else:
+        with eqn_context(eqn):
+            outs = bind_equation(eqn, invals)
+    for v, o in zip(eqn.outvars, outs, strict=True):
+        env[v] = o
+
+
+def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
+    """Run the calls in `group` (one program, independent of each other) as one scan.
+
+    Each input that differs between the calls is stacked on its own. Packing all of them into
+    one buffer per dtype would copy less often, but every slice out of such a buffer has its
+    own offset, so XLA would generate a distinct kernel for each; a stack or a slice of one
+    array's shape is the same kernel wherever it occurs, and XLA compiles it once.
+    """
+    closed = group[0].params["jaxpr"]
+    n_in = len(group[0].invars)
+    shared: dict[int, Any] = {}
+    stacked_pos: list[int] = []
+    stacked: list[Any] = []
+    for p in range(n_in):
+        vs = [e.invars[p] for e in group]
+        if _same(vs):
+            shared[p] = _read(env, vs[0])
+        else:
+            stacked_pos.append(p)
+            stacked.append(jnp.stack([jnp.asarray(_read(env, v)) for v in vs]))
+
+    def body(carry: None, xs: list[Any]) -> tuple[None, list[Any]]:
+        args: list[Any] = [None] * n_in
+        for p, value in shared.items():
+            args[p] = value
+        for p, x in zip(stacked_pos, xs, strict=True):
+            args[p] = x
+        return None, _run_program(closed, args)
+
+    with eqn_context(group[0]):
+        _, ys = lax.scan(body, None, stacked, length=len(group))
+    for m, eqn in enumerate(group):
+        for v, y in zip(eqn.outvars, ys, strict=True):
+            env[v] = y[m]
+
+
+def eval_rolled(closed: Any, args: Sequence[Any]) -> list[Any]:
+    """Evaluate `closed` (a `ClosedJaxpr`) on `args`, rolling independent unit calls.
+
+    Called under a trace: the result is the traced program with each group of independent
+    calls of one `compile_once` program replaced by a `lax.scan`.
+
+    Arguments:
+        closed: the program, as `jax.make_jaxpr` gives it.
+        args: its inputs (tracers or arrays), one per input variable.
+
+    Returns:
+        Its outputs, one per output variable.
+    """
+    jaxpr = closed.jaxpr
+    if jaxpr.effects or not contains_units(jaxpr):
+        return list(jax.core.eval_jaxpr(jaxpr, closed.consts, *args))
+    env: dict[Any, Any] = {}
+    for v, x in zip(jaxpr.constvars, closed.consts, strict=True):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args, strict=True):
+        env[v] = x
+    eqns = jaxpr.eqns
+    depths = _depths(eqns)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, eqn in enumerate(eqns):
+        if _is_unit(eqn) and not eqn.params["jaxpr"].effects:
+            groups.setdefault((depths[i], id(eqn.params["jaxpr"])), []).append(i)
+    done: set[int] = set()
+    for i in sorted(range(len(eqns)), key=lambda i: depths[i]):  # stable: a valid order
+        if i in done:
+            continue
+        eqn = eqns[i]
+        members = groups.get((depths[i], id(eqn.params["jaxpr"])), []) if _is_unit(eqn) else []
+        if len(members) > 1:
+            _emit_group([eqns[j] for j in members], env)
+            done.update(members)
+        else:
+            _emit_one(eqn, env)
+    return [_read(env, v) for v in jaxpr.outvars]
+
+
+def trace_rolled(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+    """Run `fn(*args)` under the current trace with its unit calls rolled.
+
+    `fn` is traced to a program first (`jax.make_jaxpr`); a program without units is
+    evaluated as it is, so the only cost is the second pass over its equations.
+
+    Arguments:
+        fn: a function of arrays returning a pytree of arrays.
+        args: its arguments.
+
+    Returns:
+        `fn(*args)`, as a pytree of the same structure.
+    """
+    closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    flat = jax.tree_util.tree_leaves(args)
+    outs = eval_rolled(closed, flat)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), outs)
