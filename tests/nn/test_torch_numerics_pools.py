@@ -15,6 +15,7 @@ torch = pytest.importorskip(
     "torch", reason="PyTorch (CPU) is not installed: `pip install -e '.[torch]'` to run these"
 )
 
+
 def t(a):
     return torch.from_numpy(np.array(a, dtype=np.float32))
 
