@@ -1,6 +1,8 @@
 """Helpers shared by the test files (on pytest's pythonpath, like `strategies.py`).
 
 - `normal`: test inputs from NumPy's generator (`jax.random` compiles a program per new shape).
+- `built`: a layer built under `filter_eval_shape` with normal values, for tests whose point does
+  not depend on the random initialiser (which compiles once per new shape).
 - `close`: two pytrees with the same structure and leaf shapes, equal within tolerances; leaves
   may be JAX or NumPy arrays, Python numbers or PyTorch tensors.
 - `mypy_messages`, `snippet_line`: run mypy (through its API) on a user snippet and find the
@@ -16,7 +18,7 @@ import re
 import sys
 import textwrap
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "REFERENCES",
+    "built",
     "close",
     "missing_references",
     "mypy_messages",
@@ -40,6 +43,24 @@ __all__ = [
 def normal(shape: tuple[int, ...], seed: int = 0, dtype: Any = jnp.float32) -> jax.Array:
     """Standard-normal test data of `shape` from NumPy's generator seeded with `seed`."""
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def built(make: Callable[[], Any], seed: int = 0) -> Any:
+    """`make()`'s module, built under `tm.filter_eval_shape`, its float arrays drawn from `normal`.
+
+    A layer's random initialiser compiles a program for each new shape (seconds for many shapes
+    on a small CPU); this draws the same shapes and dtypes with NumPy instead."""
+    import treemod as tm
+
+    rng = np.random.default_rng(seed)
+
+    def fill(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            return leaf
+        assert jnp.issubdtype(leaf.dtype, jnp.floating), leaf
+        return jnp.asarray(rng.normal(size=leaf.shape), leaf.dtype)
+
+    return jax.tree.map(fill, tm.filter_eval_shape(make))
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -1,79 +1,19 @@
-"""The code on every documentation page runs and prints what the page says (tests/docs/pages.py).
-
-Page-specific assertions sit in `CHECKS`: they read what running the page left behind, so each
-page runs once.
-"""
+"""The code on every documentation page outside docs/concepts/ runs and prints what the page
+says (tests/docs/pages.py); the concept pages run in test_docs_concept_pages.py, the other
+libraries' blocks in test_docs_peer_blocks.py; the page runner's own tests are here."""
 
 from __future__ import annotations
 
-import importlib.util
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
-import jax.numpy as jnp
 import pages
 import pytest
 
-import treemod as tm
 
-
-def _saving(run: pages.PageRun) -> None:
-    ns = run.namespace
-    # The resuming section: a model with BatchNorm, resumed from the step-2 checkpoint, trains
-    # on exactly as the run that was never interrupted (its losses, computed before saving).
-    losses, resumed = ns["losses"], ns["resumed"]
-    assert isinstance(losses, list) and isinstance(resumed, list)
-    assert len(losses) == 6 and len(resumed) == 3
-    assert resumed == losses[3:]
-    resumed_net, uninterrupted = ns["net"], ns["uninterrupted"]
-    assert tm.tree_equal(resumed_net.norm, uninterrupted.norm)  # type: ignore[attr-defined]
-    assert not tm.tree_equal(resumed_net.norm.running_mean, tm.State(jnp.zeros(16)))  # type: ignore[attr-defined]
-    assert isinstance(ns["trained"].norm.running_mean, tm.State)  # type: ignore[attr-defined]
-
-
-def _modules(run: pages.PageRun) -> None:
-    out = run.output.splitlines()
-    assert out[:3] == ["Linear(weight=f32[3,2], bias=f32[3])", "2", "[0. 0. 0.]"]
-    for expected in [
-        ".layers[1].bias (1,)",
-        ".layers[0]  Linear      12     48",
-        "total                   17     68",
-        "(5, 3, 2)",
-        "[0. 2.]",
-        "None (1, 4)",
-    ]:
-        assert expected in out
-    assert any(line.startswith("Cannot set Linear.bias: modules are immutable") for line in out)
-    assert any(line.startswith("Bad.table is a static field holding an array") for line in out)
-    assert out[out.index("(5, 3, 2)") + 2] == "2"  # traces of `apply`
-
-
-CHECKS: dict[str, Callable[[pages.PageRun], None]] = {
-    "concepts/saving.md": _saving,
-    "concepts/modules.md": _modules,
-}
-
-
-@pytest.mark.parametrize("page", pages.pages())
+@pytest.mark.parametrize("page", [p for p in pages.pages() if not p.startswith("concepts/")])
 def test_page_runs(page: str, shape_checks_restored: None) -> None:
-    run = pages.run_page(page)
-    check = CHECKS.get(page)
-    if check is not None:
-        check(run)
-
-
-def _peer_cases() -> list[tuple[str, str]]:
-    return [(page, peer) for page in pages.pages() for peer in pages.peers(page)]
-
-
-@pytest.mark.parametrize(("page", "peer"), _peer_cases())
-def test_peer_blocks_run(page: str, peer: str) -> None:
-    """Other libraries' code on the pages is real: run it where the library is installed."""
-    module = pages.PEER_MODULES[peer]
-    if importlib.util.find_spec(module) is None:  # an optional peer, not a treemod dependency
-        pytest.skip(f"{module} is not installed (pip install {module}): its blocks are not run")
-    pages.run_page(page, peer)
+    pages.run_page(page)
 
 
 def test_markers_and_pages_are_known() -> None:

@@ -64,7 +64,9 @@ def _ours(name: str, hf_model: Any) -> Any:
     """The treemod twin of `hf_model`, built from its config.json and loaded from its tensors."""
     cls = CLASSES[name][0]
     config = json.loads(hf_model.config.to_json_string())
-    model = cls.from_config(config, key=jax.random.key(1))
+    # A shape-only skeleton, filled by load_state_dict: no random initialiser to compile
+    # per new shape (seconds per hypothesis example).
+    model = tm.filter_eval_shape(lambda: cls.from_config(config, key=jax.random.key(1)))
     tensors = dict(hf_model.state_dict())
     for alias, source in model.tied_weights().items():
         # transformers holds one tensor under both names; the alias must be that tensor.

@@ -72,7 +72,10 @@ def _hf(name: str, config: dict[str, Any], seed: int = 0) -> Any:
 
 def _ours(name: str, hf_model: Any) -> Any:
     config = json.loads(hf_model.config.to_json_string())
-    model = CLASSES[name][0].from_config(config, key=jax.random.key(1))
+    # A shape-only skeleton, filled by load_state_dict: no random initialiser to compile
+    # per new shape (seconds per hypothesis example).
+    cls = CLASSES[name][0]
+    model = tm.filter_eval_shape(lambda: cls.from_config(config, key=jax.random.key(1)))
     return tm.load_state_dict(model, hf_model.state_dict())
 
 

@@ -10,11 +10,15 @@ import jax
 import jax.numpy as jnp
 
 import treemod as tm
+from treemod._transforms.jit_cache import WARN_VERSIONS
+
+from helpers import built
 
 
 def test_many_layer_shapes_inside_a_trace_do_not_warn() -> None:
-    key = jax.random.key(0)
-    layers = [tm.nn.Linear(n, 2, key=key) for n in range(1, 80)]
+    # Built with NumPy values: eager random initialisers would compile once per shape (~30 s).
+    sizes = range(1, WARN_VERSIONS + 16)
+    layers = built(lambda: [tm.nn.Linear(n, 2, key=jax.random.key(0)) for n in sizes])
 
     @tm.filter_jit
     def run(layers: list[tm.nn.Linear]) -> jax.Array:

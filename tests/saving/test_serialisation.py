@@ -1,9 +1,8 @@
-"""save/load: round trips (all dtypes, sharding, State, values), like checks, partial loads."""
+"""save/load: round trips (all dtypes, sharding, State, values, PRNG keys, streams), key names."""
 
 from __future__ import annotations
 
 import io
-import math
 import os
 import pathlib
 
@@ -15,74 +14,35 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from serialisation_models import Block, assert_same, net, saved
 
 import treemod as tm
 import treemod.nn  # noqa: F401 (tm.nn)
-
-
-class Block(tm.Module):
-    weight: jax.Array
-    bias: jax.Array | None
-    act: str = tm.field(static=True, default="relu")
-
-
-class Net(tm.Module):
-    backbone: Block
-    head: Block
-    stats: tm.State
-    step: int
-
-
-def _net(scale: float = 1.0, head_out: int = 2) -> Net:
-    w = np.arange(12, dtype=np.float32).reshape(3, 4) * scale
-    return Net(
-        backbone=Block(jnp.asarray(w), jnp.ones(3)),
-        head=Block(jnp.full((head_out, 3), scale), None),
-        stats=tm.State(jnp.full(3, 2.0 * scale)),
-        step=7,
-    )
 
 
 def _zeros_like(tree):
     return jax.tree_util.tree_map(lambda x: jnp.zeros_like(x) if tm.is_array(x) else x, tree)
 
 
-def _assert_same(a, b) -> None:
-    """Leaf by leaf: same type, dtype, shape and bits (NaN-safe), checked with NumPy."""
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    assert ta == tb
-    for x, y in zip(la, lb, strict=True):
-        assert type(x) is type(y) or (isinstance(x, jax.Array) and isinstance(y, jax.Array))
-        if tm.is_array(x):
-            x, y = np.asarray(x), np.asarray(y)
-            assert x.dtype == y.dtype and x.shape == y.shape
-            assert x.tobytes() == y.tobytes()
-        elif isinstance(x, float) and math.isnan(x):
-            assert math.isnan(y)
-        else:
-            assert x == y
-
-
 def test_round_trip_model(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "model.safetensors"
-    model = _net()
+    model = net()
     tm.save(path, model)
-    loaded = tm.load(path, _zeros_like(_net(scale=0.0)))
-    _assert_same(loaded, model)
+    loaded = tm.load(path, _zeros_like(net(scale=0.0)))
+    assert_same(loaded, model)
     assert isinstance(loaded.stats, tm.State) and loaded.step == 7
     assert loaded.backbone.act == "relu"
 
 
 def test_round_trip_abstract_like_allocates_nothing_twice(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "model.safetensors"
-    model = _net()
+    model = net()
     tm.save(path, model)
-    abstract = jax.eval_shape(lambda: _net(0.0))
+    abstract = jax.eval_shape(lambda: net(0.0))
     assert all(
         isinstance(x, jax.ShapeDtypeStruct | int) for x in jax.tree_util.tree_leaves(abstract)
     )
-    _assert_same(tm.load(path, abstract), model)
+    assert_same(tm.load(path, abstract), model)
 
 
 def test_python_number_placeholders_from_eval_shape_take_the_file_value() -> None:
@@ -205,7 +165,7 @@ def test_simple_values_round_trip() -> None:
     buf.seek(0)
     like = {"i": 0, "f": 0.0, "nan": 0.0, "inf": 0.0, "b": True, "c": 0j, "s": "", "none": None}
     like["empty"] = ()
-    _assert_same(tm.load(buf, like), values)
+    assert_same(tm.load(buf, like), values)
 
 
 def test_non_data_leaves_come_from_like() -> None:
@@ -268,7 +228,7 @@ def test_optax_state_resume(tmp_path: pathlib.Path) -> None:
     like = {"params": params, "opt": opt.init(params), "step": 0}
     out = tm.load(path, like)
     assert out["step"] == 1
-    _assert_same(out["opt"], state)
+    assert_same(out["opt"], state)
     assert type(out["opt"][0]) is type(state[0])  # the optax namedtuple comes back
 
 
@@ -278,160 +238,11 @@ def test_tensor_names_are_key_paths() -> None:
     import struct
 
     buf = io.BytesIO()
-    tm.save(buf, _net())
+    tm.save(buf, net())
     raw = buf.getvalue()
     (n,) = struct.unpack("<Q", raw[:8])
     names = set(json.loads(raw[8 : 8 + n])) - {"__metadata__"}
     assert names == {".backbone.weight", ".backbone.bias", ".head.weight", ".stats.value"}
-
-
-# --- errors: mismatches with like ---------------------------------------------------------
-
-
-def _saved(tree) -> io.BytesIO:
-    buf = io.BytesIO()
-    tm.save(buf, tree)
-    buf.seek(0)
-    return buf
-
-
-def test_all_mismatches_in_one_error() -> None:
-    buf = _saved({"a": jnp.ones(3), "b": jnp.ones(2), "n": 3, "extra": jnp.ones(1), "s": "x"})
-    like = {
-        "a": jnp.ones(4),  # wrong shape
-        "b": jnp.ones(2, jnp.int32),  # wrong dtype
-        "n": 3.0,  # wrong simple type
-        "s": jnp.ones(1),  # a value in the file, an array in like
-        "missing": jnp.ones(5),
-    }
-    with pytest.raises(tm.CheckpointError) as e:
-        tm.load(buf, like)
-    msg = str(e.value)
-    assert "6 mismatches" in msg and "<BytesIO>" in msg
-    assert "wrong shape: ['a'] is f32[3] in the file but f32[4] in like" in msg
-    assert "wrong dtype: ['b'] is f32[2] in the file but i32[2] in like" in msg
-    assert "wrong type: ['n'] is an int value in the file but a float value in like" in msg
-    assert "wrong type: ['s'] is a str value in the file but an array f32[1]" in msg
-    assert "missing: ['missing'] (f32[5] in like)" in msg
-    assert "unexpected: ['extra'] (f32[1] in the file, not in like)" in msg
-    assert "Nothing was loaded" in msg
-
-
-def test_shape_and_dtype_both_wrong_and_array_where_like_has_value() -> None:
-    buf = _saved({"a": jnp.ones(3), "v": jnp.ones(1), "fn": jnp.ones(1)})
-    with pytest.raises(tm.CheckpointError) as e:
-        tm.load(buf, {"a": jnp.ones(2, jnp.int32), "v": 1, "fn": jax.nn.relu})
-    msg = str(e.value)
-    assert "wrong shape and dtype: ['a'] is f32[3] in the file but i32[2]" in msg
-    assert "wrong type: ['v'] is an array f32[1] in the file but an int value" in msg
-    assert "wrong type: ['fn'] is data in the file but a" in msg
-
-
-def test_missing_simple_value_and_unexpected_simple_value() -> None:
-    buf = _saved({"a": 1})
-    with pytest.raises(tm.CheckpointError, match=r"missing: \['b'\] \(an int value in like\)"):
-        tm.load(buf, {"b": 2})
-    buf.seek(0)
-    with pytest.raises(tm.CheckpointError, match=r"unexpected: \['a'\] \(an int value"):
-        tm.load(buf, {})
-
-
-def test_a_long_list_of_mismatches_is_cut() -> None:
-    buf = _saved([jnp.ones(1)] * 60)
-    with pytest.raises(tm.CheckpointError) as e:
-        tm.load(buf, [jnp.ones(2)] * 60)
-    assert "60 mismatches" in str(e.value) and "... and 20 more" in str(e.value)
-
-
-def test_a_mismatch_returns_nothing_and_changes_nothing() -> None:
-    like = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
-    buf = _saved({"a": jnp.ones(3), "b": jnp.ones(3)})
-    with pytest.raises(tm.CheckpointError):
-        tm.load(buf, like)
-    assert float(like["a"].sum()) == 0.0
-
-
-def test_bad_prefix_and_where_errors() -> None:
-    buf = _saved(_net())
-    with pytest.raises(ValueError, match="prefix='backbone' is not a key path"):
-        tm.load(buf, _net().backbone, prefix="backbone")
-    with pytest.raises(ValueError, match="is not a node of like.*prefix="):
-        tm.load(buf, _net(), where=lambda m: jnp.ones(2))
-    buf.seek(0)
-    with pytest.raises(tm.CheckpointError, match="nothing under prefix '.encoder'.*.backbone"):
-        tm.load(buf, _net().backbone, prefix=".encoder")
-
-
-def test_save_errors_name_the_leaf(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(TypeError, match=r"\['x'\] is a ShapeDtypeStruct"):
-        tm.save(io.BytesIO(), {"x": jax.ShapeDtypeStruct((2,), jnp.float32)})
-    with pytest.raises(TypeError, match=r"\['x'\] has dtype <U1"):
-        tm.save(io.BytesIO(), {"x": np.array(["a"])})
-
-    class Key(str):  # a dictionary key that prints like another
-        def __repr__(self) -> str:
-            return "'a'"
-
-    with pytest.raises(ValueError, match=r"same key path \"\['a'\]\""):
-        tm.save(io.BytesIO(), {"a": jnp.ones(1), Key("b"): jnp.ones(1)})
-    with pytest.raises(TypeError, match="expected a path or a binary file"):
-        tm.save(123, {})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="expected a path or a binary file"):
-        tm.load(123, {})  # type: ignore[arg-type]
-    with pytest.raises(FileNotFoundError, match="no checkpoint file .*nope"):
-        tm.load(tmp_path / "nope", {})
-
-
-def test_tracers_are_refused() -> None:
-    @jax.jit
-    def inside(x):
-        tm.save(io.BytesIO(), {"w": x})
-        return x
-
-    with pytest.raises(TypeError, match=r"save: the leaf at \['w'\] is a tracer"):
-        inside(jnp.ones(2))
-
-
-# --- partial loading ---------------------------------------------------------------------
-
-
-def test_load_a_pretrained_backbone_into_a_new_model(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "pretrained.safetensors"
-    pretrained = _net(scale=3.0)
-    tm.save(path, pretrained)
-    new = _net(scale=0.0, head_out=5)  # a different head: a full load would fail
-    with pytest.raises(tm.CheckpointError, match="wrong shape: .head.weight"):
-        tm.load(path, new)
-    out = tm.load(path, new, where=lambda m: m.backbone)
-    _assert_same(out.backbone, pretrained.backbone)
-    _assert_same(out.head, new.head)
-    assert out.step == 7 and float(out.stats.value[0]) == 0.0  # untouched parts of `like`
-    # The same, as a load of the subtree alone by its prefix.
-    _assert_same(tm.load(path, new.backbone, prefix=".backbone"), pretrained.backbone)
-
-
-def test_partial_load_checks_the_selected_part() -> None:
-    buf = _saved(_net())
-    bad = tm.tree_at(lambda m: m.backbone.weight, _net(), jnp.ones((4, 3)))
-    with pytest.raises(tm.CheckpointError) as e:
-        tm.load(buf, bad, where=lambda m: m.backbone)
-    assert "1 mismatch\n" in str(e.value) and ".backbone.weight" in str(e.value)
-
-
-def test_partial_load_from_a_file_of_the_backbone_alone_or_another_name() -> None:
-    pretrained = _net(scale=2.0)
-    alone = _saved(pretrained.backbone)
-    out = tm.load(alone, _net(0.0), where=lambda m: m.backbone, prefix="")
-    _assert_same(out.backbone, pretrained.backbone)
-    renamed = _saved({"encoder": pretrained.backbone, "other": jnp.ones(1)})
-    out = tm.load(renamed, _net(0.0), where=lambda m: m.backbone, prefix="['encoder']")
-    _assert_same(out.backbone, pretrained.backbone)
-
-
-def test_prefix_matches_whole_key_path_components() -> None:
-    buf = _saved({"a": {"w": jnp.ones(1)}, "ab": {"w": jnp.ones(2)}})
-    out = tm.load(buf, {"w": jnp.zeros(1)}, prefix="['a']")
-    assert out["w"].shape == (1,)
 
 
 # --- hypothesis round trip ---------------------------------------------------------------
@@ -482,12 +293,12 @@ def test_hypothesis_round_trip(tree) -> None:
     like = jax.tree_util.tree_map(
         lambda x: np.zeros_like(x) if isinstance(x, np.ndarray) else x, tree
     )
-    _assert_same(tm.load(buf, like), tree)
+    assert_same(tm.load(buf, like), tree)
     buf.seek(0)
     abstract = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree
     )
-    _assert_same(tm.load(buf, abstract), tree)
+    assert_same(tm.load(buf, abstract), tree)
 
 
 def test_saving_to_a_path_leaves_no_temporary_files(tmp_path: pathlib.Path) -> None:
@@ -499,7 +310,7 @@ def test_saving_to_a_path_leaves_no_temporary_files(tmp_path: pathlib.Path) -> N
 
 def test_big_endian_numpy_arrays_are_stored_little_endian() -> None:
     x = np.arange(4, dtype=">f4")
-    buf = _saved({"x": x})
+    buf = saved({"x": x})
     assert np.arange(4, dtype="<f4").tobytes() in buf.getvalue()
     out = tm.load(buf, {"x": np.zeros(4, ">f4")})
     np.testing.assert_array_equal(out["x"], x)
@@ -531,7 +342,7 @@ def test_batch_norm_running_statistics_are_saved_and_restored() -> None:
         _, bn = tm.stateful(bn)(x)
     # Reference by hand: the running mean is no longer its initial zeros.
     assert float(jnp.abs(bn.running_mean.value).sum()) > 0
-    buf = _saved(bn)
+    buf = saved(bn)
     fresh = tm.load(buf, jax.eval_shape(lambda: tm.nn.BatchNorm(3)))
     for name in ("running_mean", "running_var"):
         np.testing.assert_array_equal(
@@ -547,7 +358,7 @@ def test_prng_keys_round_trip() -> None:
     keys = jax.random.split(jax.random.key(1), 3)
     rbg = jax.random.key(7, impl="rbg")
     tree = {"key": key, "keys": keys, "rbg": rbg, "raw": jax.random.PRNGKey(3)}
-    buf = _saved(tree)
+    buf = saved(tree)
     abstract = jax.eval_shape(lambda: tree)
     for like in (tree, abstract):
         buf.seek(0)
@@ -567,7 +378,7 @@ def test_prng_keys_round_trip() -> None:
 
 
 def test_prng_key_mismatches_are_reported_by_key_dtype() -> None:
-    buf = _saved({"key": jax.random.key(0), "raw": jax.random.PRNGKey(0)})
+    buf = saved({"key": jax.random.key(0), "raw": jax.random.PRNGKey(0)})
     like = {"key": jax.random.key(0, impl="rbg"), "raw": jax.random.key(0)}
     with pytest.raises(tm.CheckpointError) as e:
         tm.load(buf, like)
