@@ -264,3 +264,25 @@ def test_a_keyword_named_compile_goes_through_partial(net: Net) -> None:
 
     report = tm.debug.compile_report(functools.partial(fn, compile=2), X)
     assert report.eqns == 1 and report.compile_s is None
+
+
+class _Twin(tm.Module):
+    w: jax.Array
+
+    @tm.compile_once
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.tanh(x * self.w)
+
+
+def test_rolled_compile_once_calls_count_as_the_loops_filter_jit_lowers() -> None:
+    twins = [_Twin(jnp.full(3, float(i))) for i in range(4)]
+
+    def f(ts: list[_Twin], x: jax.Array) -> jax.Array:
+        return sum(t(x) for t in ts) + ts[0](ts[1](x))  # 5 side by side (ts[1](x) too), then 1
+
+    x = jnp.ones(3)
+    report = tm.debug.compile_report(f, twins, x)
+    want = tm.filter_jit(f).lower(twins, x).as_text().count("stablehlo.while")
+    assert report.scan_loops == want == 1  # the five side by side; the last call on its own
+    (program,) = [p for p in report.programs if p.compiled_once]
+    assert program.uses == 6

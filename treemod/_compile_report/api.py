@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 import types
 from collections.abc import Callable
@@ -21,28 +20,14 @@ from treemod._format.paths import function_name
 from treemod._transforms.caches import clear_caches
 from treemod._transforms.jit import JitWrapped
 from treemod._transforms.leaves import merge_leaves, split_leaves
+from treemod._transforms.roll import UNIT_MARK, contains_units, eval_rolled, rolling_enabled
 from treemod._transforms.wrapper import split_fn
 from treemod._tree.filters import IS_ARRAY_TYPE
 
 __all__ = ["ONCE_MARKER", "compile_report"]
 
-# The marker in the names of `compile_once`'s nested programs: the compile-once feature's own
-# constant where it is installed (`treemod._transforms.roll.UNIT_MARK`), else its value.
-_FALLBACK_MARKER = "tm_once"
-
-
-def _once_feature() -> tuple[str, bool]:
-    """`(marker, whether tm.compile_once exists)`, read at import without a static import, so
-    the report works before and after the feature lands."""
-    try:
-        roll = importlib.import_module("treemod._transforms.roll")
-        importlib.import_module("treemod._transforms.compile_once")
-    except ImportError:
-        return _FALLBACK_MARKER, False
-    return str(getattr(roll, "UNIT_MARK", _FALLBACK_MARKER)), True
-
-
-ONCE_MARKER, _ONCE_AVAILABLE = _once_feature()
+# The marker in the names of `compile_once`'s nested programs.
+ONCE_MARKER = UNIT_MARK
 
 
 def _unwrap(fn: Any) -> Any:
@@ -142,7 +127,12 @@ def compile_report(
     stage = jax.jit(traced).trace(dynamic)
     trace_s = time.perf_counter() - start
     start = time.perf_counter()
-    lowered = stage.lower()
+    if rolling_enabled() and contains_units(stage.jaxpr.jaxpr):
+        # Lowered as `filter_jit` lowers it: independent `compile_once` calls rolled into loops.
+        closed = stage.jaxpr
+        lowered = jax.jit(lambda d: eval_rolled(closed, jtu.tree_leaves(d))).lower(dynamic)
+    else:
+        lowered = stage.lower()
     lower_s = time.perf_counter() - start
     compile_s = fusions = None
     if compile:
@@ -187,7 +177,7 @@ def compile_report(
         hlo_functions=len(by_hlo.functions),
         scan_loops=by_hlo.whiles,
         fusions=fusions,
-        advice=advice(rows, {p: s.signature for p, s in recorder.stats.items()}, _ONCE_AVAILABLE),
+        advice=advice(rows, {p: s.signature for p, s in recorder.stats.items()}),
     )
 
 

@@ -218,7 +218,6 @@ def _callers(callers: tuple[tuple[str, int], ...]) -> str:
 def advice(
     rows: Sequence[PathCost],
     signatures: Mapping[str, Hashable],
-    once_available: bool,
     limit: int = 3,
 ) -> tuple[str, ...]:
     """Hints for the most expensive repeats, traced again at each use: identical sibling
@@ -249,7 +248,7 @@ def advice(
         taken.append(pattern)
         what = f"{n} {type_name}s" if n > 1 else f"one {type_name} called {uses} times"
         stack = "hold the layers in nn.Stack (one lax.scan)" if n > 1 else "call it in a lax.scan"
-        once = f"decorate {type_name}.__call__ with tm.compile_once, or " if once_available else ""
+        once = f"decorate {type_name}.__call__ with tm.compile_once, or "
         hints.append(
             f"{pattern}: {what} take {share:.0%} of the trace time and {eqn_share:.0%} of the "
             f"equations, traced at each use: to trace and compile one, {once}{stack}."
