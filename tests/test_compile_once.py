@@ -189,6 +189,12 @@ def test_nested_units_and_effects() -> None:
     np.testing.assert_allclose(tm.filter_jit(f)(outers, x), want, rtol=1e-6)
     text = tm.filter_jit(lambda os, x: os[0](x) + os[1](x)).lower(outers, x).as_text()
     assert text.count("stablehlo.while") == 2  # the outer pair, and the inner pair in its body
+    # One outer call on its own stays a call, with its inner pair rolled inside it.
+    single = tm.filter_jit(lambda os, x: os[0](x))
+    assert single.lower(outers, x).as_text().count("stablehlo.while") == 1
+    np.testing.assert_allclose(
+        single(outers, x), want - jnp.sin(x @ ws[2]) * jnp.sin(x @ ws[3]), rtol=1e-6
+    )
 
 
 @settings(max_examples=25, deadline=None)

@@ -24,6 +24,7 @@ side by side.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,19 +64,20 @@ def _is_unit(eqn: Any) -> bool:
     return eqn.primitive.name == "jit" and UNIT_MARK in eqn.params["name"]
 
 
-_contains: dict[int, tuple[Any, bool]] = {}
+# Per program, held weakly: a long-lived process traces many programs and drops them.
+_contains: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def contains_units(jaxpr: Any) -> bool:
     """Whether `jaxpr` (open) calls a `compile_once` program, directly or in a nested `jit`."""
-    hit = _contains.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _contains.get(jaxpr)
+    if hit is not None:
+        return hit
     found = any(
         _is_unit(e) or (e.primitive.name == "jit" and contains_units(e.params["jaxpr"].jaxpr))
         for e in jaxpr.eqns
     )
-    _contains[id(jaxpr)] = (jaxpr, found)  # holds the jaxpr, so its id is not reused
+    _contains[jaxpr] = found
     return found
 
 
@@ -105,21 +107,22 @@ def _same(vs: Sequence[Any]) -> bool:
     return all(v is first for v in vs)
 
 
-_rolled_programs: dict[int, tuple[Any, Callable[..., Any]]] = {}
+_rolled_programs: weakref.WeakKeyDictionary[Any, Callable[..., Any]] = weakref.WeakKeyDictionary()
 
 
 def _rolled_call(closed: Any, name: str) -> Callable[..., Any]:
     """A `jax.jit` running `closed` with its own units rolled (one per program)."""
-    hit = _rolled_programs.get(id(closed))
-    if hit is not None and hit[0] is closed:
-        return hit[1]
+    hit = _rolled_programs.get(closed)
+    if hit is not None:
+        return hit
+    program = weakref.ref(closed)  # the cached function must not keep its key alive
 
     def run(*args: Any) -> Any:
-        return eval_rolled(closed, args)
+        return eval_rolled(program(), args)
 
     run.__name__ = run.__qualname__ = name
     fn = jax.jit(run)
-    _rolled_programs[id(closed)] = (closed, fn)
+    _rolled_programs[closed] = fn
     return fn
 
 
