@@ -230,3 +230,26 @@ def test_random_graphs_of_units_match_the_inline_program(
     want = jax.value_and_grad(lambda us, x: jnp.sum(graph(us, x, True)))(units, x)
     for g, w in zip(_leaves(got), _leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_functions_without_units_are_traced_once_and_units_roll_through_except() -> None:
+    calls: list[str] = []
+    units = [Unit(jnp.eye(2)), Unit(2 * jnp.eye(2))]
+
+    def plain(x: jax.Array) -> jax.Array:
+        calls.append("plain")
+        return x + 1
+
+    def guarded(us: list[Unit], x: jax.Array) -> jax.Array:
+        calls.append("guarded")
+        try:  # a user's handler must not swallow the switch to the rolling trace
+            return us[0](x) + us[1](x)
+        except Exception:  # pragma: no cover - the test fails if reached
+            return x
+
+    tm.filter_jit(plain)(jnp.ones(2))
+    assert calls == ["plain"]
+    text = tm.filter_jit(guarded).lower(units, jnp.ones(2)).as_text()
+    assert text.count("stablehlo.while") == 1
+    # The trace up to the first call ran, then the rolling trace: the Python before it twice.
+    assert calls == ["plain", "guarded", "guarded"]

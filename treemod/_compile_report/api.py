@@ -20,7 +20,7 @@ from treemod._format.paths import function_name
 from treemod._transforms.caches import clear_caches
 from treemod._transforms.jit import JitWrapped
 from treemod._transforms.leaves import merge_leaves, split_leaves
-from treemod._transforms.roll import UNIT_MARK, contains_units, eval_rolled, rolling_enabled
+from treemod._transforms.roll import UNIT_MARK, contains_units, eval_rolled
 from treemod._transforms.wrapper import split_fn
 from treemod._tree.filters import IS_ARRAY_TYPE
 
@@ -127,7 +127,7 @@ def compile_report(
     stage = jax.jit(traced).trace(dynamic)
     trace_s = time.perf_counter() - start
     start = time.perf_counter()
-    if rolling_enabled() and contains_units(stage.jaxpr.jaxpr):
+    if contains_units(stage.jaxpr.jaxpr):
         # Lowered as `filter_jit` lowers it: independent `compile_once` calls rolled into loops.
         closed = stage.jaxpr
         lowered = jax.jit(lambda d: eval_rolled(closed, jtu.tree_leaves(d))).lower(dynamic)

@@ -37,7 +37,7 @@ from treemod._module.state import (
 )
 from treemod._private_apis import trace_state_clean
 from treemod._transforms.jit import filter_jit
-from treemod._transforms.roll import UNIT_MARK, enable_rolling
+from treemod._transforms.roll import UNIT_MARK, unit_called
 
 __all__ = ["compile_once"]
 
@@ -81,7 +81,6 @@ def compile_once(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concaten
         >>> step(branches, jnp.ones(2))
         Array([1.7258..., 1.7258...], dtype=float32)
     """
-    enable_rolling()
     qualname = getattr(method, "__qualname__", type(method).__name__)
     name = f"{UNIT_MARK}_{re.sub(r'[^0-9A-Za-z_]', '_', qualname)}"
 
@@ -114,6 +113,7 @@ def compile_once(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concaten
     def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         if trace_state_clean():
             return method(self, *args, **kwargs)
+        unit_called()
         if not in_stateful_call():
             out: _R = run_plain(self, *args, **kwargs)
             return out

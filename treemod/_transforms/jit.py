@@ -34,7 +34,7 @@ from treemod._transforms.jit_cache import (
 )
 from treemod._transforms.jit_sharing import share
 from treemod._transforms.leaves import merge_leaves, pack_output, unpack_output
-from treemod._transforms.roll import rolling_enabled, trace_rolled
+from treemod._transforms.roll import trace_maybe_rolled
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
@@ -213,9 +213,9 @@ class JitWrapped(TransformedFunction[P, R]):
 
         def traced(dynamic: list[Any]) -> Any:
             count.record(name, flag, lambda: (treedef, mask, static, tuple(map(aval_of, dynamic))))
-            # Once a `compile_once` method exists, traces go through `roll.py`, which rolls
-            # independent calls of one such program into a loop; until then, no extra pass.
-            return trace_rolled(run, (dynamic,)) if rolling_enabled() else run(dynamic)
+            # Traced once as it is, unless it calls a `compile_once` method: then again, with
+            # independent calls of one such program rolled into loops (`roll.py`).
+            return trace_maybe_rolled(run, dynamic)
 
         _named(traced, name)
         if self._donate == "none":

@@ -24,6 +24,7 @@ side by side.
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,27 +38,64 @@ from treemod._private_apis import Literal, bind_equation, eqn_context
 __all__ = [
     "UNIT_MARK",
     "contains_units",
-    "enable_rolling",
     "eval_rolled",
-    "rolling_enabled",
+    "trace_maybe_rolled",
     "trace_rolled",
+    "unit_called",
 ]
 
 UNIT_MARK = "tm_once"
 
 
-# Process-wide, set once by the first `compile_once`: until then `filter_jit` traces as before.
-_ANY_UNIT = [False]
+class _NeedsRolling(BaseException):
+    """Raised by the first `compile_once` call of a trace that runs without rolling, so that
+    `trace_maybe_rolled` starts again with it. A `BaseException`, so that a user's
+    `except Exception` around a model call does not swallow it."""
 
 
-def enable_rolling() -> None:
-    """Called by `compile_once` when it wraps a method: from now on, traces are rolled."""
-    _ANY_UNIT[0] = True
+class _Frames(threading.local):
+    def __init__(self) -> None:
+        self.rolling: list[bool] = []  # one per `filter_jit` trace running in this thread
 
 
-def rolling_enabled() -> bool:
-    """Whether `filter_jit` should trace through `eval_rolled` (a `compile_once` exists)."""
-    return _ANY_UNIT[0]
+_frames = _Frames()
+
+
+def unit_called() -> None:
+    """Called by `compile_once` under a trace: if the innermost `filter_jit` trace runs without
+    rolling, abandon it (`_NeedsRolling`) so that it starts again with rolling."""
+    stack = _frames.rolling
+    if stack and not stack[-1]:
+        raise _NeedsRolling
+
+
+def trace_maybe_rolled(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """`fn(arg)` under the current trace, rolled only if it calls a `compile_once` method.
+
+    A function without such calls is traced once, as it would be without this wrapper. At its
+    first `compile_once` call the trace is abandoned and `fn` is traced again through
+    `trace_rolled`: the Python before that call runs twice.
+
+    Arguments:
+        fn: what `filter_jit` traces (one argument, the list of array leaves).
+        arg: that argument.
+
+    Returns:
+        `fn(arg)`.
+    """
+    stack = _frames.rolling
+    stack.append(False)
+    try:
+        return fn(arg)
+    except _NeedsRolling:
+        pass
+    finally:
+        stack.pop()
+    stack.append(True)
+    try:
+        return trace_rolled(fn, (arg,))
+    finally:
+        stack.pop()
 
 
 def _is_unit(eqn: Any) -> bool:
