@@ -79,7 +79,7 @@ def compile_once(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concaten
         >>> branches = [Branch(jnp.eye(2) * i) for i in range(3)]
         >>> step = tm.filter_jit(lambda bs, x: sum(b(x) for b in bs))
         >>> step(branches, jnp.ones(2))
-        Array([1.7258..., 1.7258...], dtype=float32)
+        Array([1.7256..., 1.7256...], dtype=float32)
     """
     qualname = getattr(method, "__qualname__", type(method).__name__)
     name = f"{UNIT_MARK}_{re.sub(r'[^0-9A-Za-z_]', '_', qualname)}"
