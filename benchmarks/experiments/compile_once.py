@@ -20,8 +20,43 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from benchmarks.timing import time_block
 
 CONTENDERS = ("jax", "treemod", "treemod-off")
+
+
+def first_call_and_steps(step: Any, args: tuple[Any, ...], steps: int) -> tuple[dict, Any]:
+    """Lower and compile `step` (a `filter_jit`) for `args`, run it once, then `steps` times.
+
+    Returns:
+        The phases' wall and CPU seconds, the lowered program's size and loops, the median and
+        range of the steady steps; and the first call's output.
+    """
+    import jax
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    lowered = step.lower(*args)
+    w1, c1 = time.perf_counter(), time.process_time()
+    compiled = lowered.compile()
+    w2, c2 = time.perf_counter(), time.process_time()
+    out = jax.block_until_ready(compiled(*args))
+    w3 = time.perf_counter()
+    times = [time_block(lambda: compiled(*args)) for _ in range(steps)]
+    text = lowered.as_text()
+    record = {
+        "lower_s": w1 - w0,
+        "lower_cpu_s": c1 - c0,
+        "compile_s": w2 - w1,
+        "compile_cpu_s": c2 - c1,
+        "first_call_s": w3 - w0,
+        "step_ms": 1e3 * statistics.median(times),
+        "step_ms_range": [1e3 * min(times), 1e3 * max(times)],
+        "stablehlo_chars": len(text),
+        "loops": text.count("stablehlo.while"),
+    }
+    return record, out
 
 
 def measure(contender: str, cells: int, channels: int, batch: int, image: int, steps: int) -> dict:
@@ -42,34 +77,13 @@ def measure(contender: str, cells: int, channels: int, batch: int, image: int, s
     x = jax.random.normal(jax.random.key(1), (cfg.batch, cfg.image, cfg.image, 3))
     y = jnp.zeros(cfg.batch, jnp.int32)
     jax.block_until_ready((carry, x))
-    w0, c0 = time.perf_counter(), time.process_time()
-    lowered = step.lower(carry, x, y, x, y)
-    w1, c1 = time.perf_counter(), time.process_time()
-    compiled = lowered.compile()
-    w2, c2 = time.perf_counter(), time.process_time()
-    out = compiled(carry, x, y, x, y)
-    jax.block_until_ready(out)
-    w3 = time.perf_counter()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(carry, x, y, x, y))
-        times.append(time.perf_counter() - start)
-    text = lowered.as_text()
+    record, out = first_call_and_steps(step, (carry, x, y, x, y), steps)
     return {
         "contender": contender,
         "config": [cells, channels, batch, image],
         "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__,
-        "lower_s": w1 - w0,
-        "lower_cpu_s": c1 - c0,
-        "compile_s": w2 - w1,
-        "compile_cpu_s": c2 - c1,
-        "first_call_s": w3 - w0,
-        "step_ms": 1e3 * statistics.median(times),
-        "step_ms_range": [1e3 * min(times), 1e3 * max(times)],
-        "stablehlo_chars": len(text),
-        "loops": text.count("stablehlo.while"),
+        **record,
         "losses": [float(v) for v in out[1]],
         "load": os.getloadavg()[0],
     }

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 import jax
@@ -26,6 +24,7 @@ import jax.numpy as jnp
 
 import treemod as tm
 import treemod.nn as nn
+from benchmarks.experiments.compile_once import first_call_and_steps
 
 
 class ResBlock(tm.Module):
@@ -97,27 +96,8 @@ def measure(args: argparse.Namespace, once: bool) -> dict[str, Any]:
         loss, grads = tm.filter_value_and_grad(lambda m: jnp.mean((m(x) - x) ** 2))(model)
         return jax.tree.map(lambda p, g: p - 1e-2 * g, model, grads), loss
 
-    w0, c0 = time.perf_counter(), time.process_time()
-    lowered = step.lower(model, x)
-    w1, c1 = time.perf_counter(), time.process_time()
-    compiled = lowered.compile()
-    w2, c2 = time.perf_counter(), time.process_time()
-    _, loss = compiled(model, x)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(model, x))
-        times.append(time.perf_counter() - start)
-    return {
-        "contender": "treemod" if once else "treemod-off",
-        "lower_s": w1 - w0,
-        "lower_cpu_s": c1 - c0,
-        "compile_s": w2 - w1,
-        "compile_cpu_s": c2 - c1,
-        "loops": lowered.as_text().count("stablehlo.while"),
-        "loss": float(loss),
-        "step_ms": 1e3 * statistics.median(times),
-    }
+    record, (_, loss) = first_call_and_steps(step, (model, x), args.steps)
+    return {"contender": "treemod" if once else "treemod-off", **record, "loss": float(loss)}
 
 
 def main() -> None:
