@@ -15,6 +15,8 @@ JAX itself, and jaxtyping's names are looked up at their first use (`__getattr__
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax  # noqa: F401  (loads the jax._src modules below)
@@ -101,31 +103,14 @@ def opaque_trace_state() -> Any:
         return None
 
 
-def eqn_context(eqn: Any) -> Any:
+@contextlib.contextmanager
+def eqn_context(eqn: Any) -> Iterator[None]:
     """The context `jax.core.eval_jaxpr` binds an equation under: its name stack, source
     location and context managers (JAX 0.4.36+: `eqn.ctx.manager`)."""
     name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
-    return _ContextPair(
-        _source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-        eqn.ctx.manager,
-    )
-
-
-class _ContextPair:
-    __slots__ = ("first", "second")
-
-    def __init__(self, first: Any, second: Any) -> None:
-        self.first, self.second = first, second
-
-    def __enter__(self) -> None:
-        self.first.__enter__()
-        self.second.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.second.__exit__(*exc)
-        finally:
-            self.first.__exit__(*exc)
+    user = _source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
+    with user, eqn.ctx.manager:
+        yield
 
 
 def bind_equation(eqn: Any, invals: list[Any]) -> list[Any]:
