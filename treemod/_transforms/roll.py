@@ -164,12 +164,6 @@ def _rolled_call(closed: Any, name: str) -> Callable[..., Any]:
     return fn
 
 
-def _run_program(closed: Any, args: Sequence[Any]) -> list[Any]:
-    if contains_units(closed.jaxpr):
-        return eval_rolled(closed, args)
-    return list(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *args))
-
-
 def _emit_one(eqn: Any, env: dict[Any, Any]) -> None:
     invals = [_read(env, v) for v in eqn.invars]
     if eqn.primitive.name == "jit" and contains_units(eqn.params["jaxpr"].jaxpr):
@@ -209,7 +203,7 @@ def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
             args[p] = value
         for p, x in zip(stacked_pos, xs, strict=True):
             args[p] = x
-        return None, _run_program(closed, args)
+        return None, eval_rolled(closed, args)  # as it is, if it holds no units
 
     with eqn_context(group[0]):
         _, ys = lax.scan(body, None, stacked, length=len(group))
