@@ -109,7 +109,9 @@ def test_qwen2_sliding_layers() -> None:
 def _family_config(draw: Any, family: str) -> dict[str, Any]:
     heads, kv_heads = draw(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (6, 2)]))
     head_dim = draw(st.sampled_from([None, 4, 12]))
-    hidden = heads * draw(st.sampled_from([2, 4])) if head_dim is None else 20
+    # With head_dim set, hidden_size still has to be a multiple of the head count (transformers
+    # validates it); 36 is one for every count drawn and never heads * head_dim.
+    hidden = heads * draw(st.sampled_from([2, 4])) if head_dim is None else 36
     config: dict[str, Any] = {
         "vocab_size": 60,
         "hidden_size": hidden,
