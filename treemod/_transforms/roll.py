@@ -9,12 +9,15 @@ their stacked inputs.
 
 Which calls are grouped: equations binding JAX's `jit` primitive whose program name carries
 `UNIT_MARK` (given by `compile_once`, and kept by JAX in the names of their derivatives:
-`jvp(...)`, `transpose(jvp(...))`), with the same program object, at the same depth of the
-dependency graph (an equation's depth is one more than the deepest equation it reads from, so
-two equations at one depth never depend on each other). Programs with side effects are left as
-they are. Each group of two or more becomes a scan: inputs that every call shares are passed to
-the body once, the others stacked along a new leading axis; each call's outputs are slices of
-the scan's stacked outputs. Nested programs that contain units are rolled inside as well.
+`jvp(...)`, `transpose(jvp(...))`), with the same program object, that do not depend on each
+other. The program's equations are emitted in a new order (`_schedule`) that holds each call
+back until as many calls of its program as possible can run with it: in a DARTS cell, the
+edges leaving one node form a group in the forward pass and again in the backward pass, where
+a schedule in the traced order would reach them one destination node at a time. Programs with
+side effects are left as they are. Each group of two or more becomes a scan: inputs that every
+call shares are passed to the body once, the others stacked along a new leading axis; each
+call's outputs are slices of the scan's stacked outputs. Nested programs that contain units
+are rolled inside as well.
 
 The trade-off (measured in `benchmarks/experiments/compile_once.py`): XLA no longer fuses across
 the loop's boundary, stacking copies the inputs, and the calls run one after another rather than
@@ -23,7 +26,7 @@ side by side.
 
 from __future__ import annotations
 
-import functools
+import heapq
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -123,18 +126,82 @@ def _read(env: dict[Any, Any], v: Any) -> Any:
     return v.val if isinstance(v, Literal) else env[v]
 
 
-def _depths(eqns: Sequence[Any]) -> list[int]:
-    """Each equation's depth: one more than the deepest equation whose outputs it reads."""
-    depth_of: dict[Any, int] = {}
-    out = []
-    for eqn in eqns:
-        d = 1 + max(
-            (depth_of.get(v, 0) for v in eqn.invars if not isinstance(v, Literal)), default=0
-        )
-        out.append(d)
+def _schedule(eqns: Sequence[Any], unit_of: dict[int, int]) -> list[list[int]]:
+    """A valid order of `eqns` in steps: one equation, or several calls of one program.
+
+    `unit_of` maps the index of each groupable call to its program's number. Other equations
+    run as soon as their inputs are there. When only calls are left to run, a program's ready
+    calls run together once no other call of it can become ready first: every call of the
+    program not yet run and not waiting for another call of the same program is ready. If no
+    program is in that state (calls of two programs waiting on each other), the program with
+    the most ready calls runs them.
+
+    Arguments:
+        eqns: a program's equations, in a valid order.
+        unit_of: groupable call index -> program number.
+
+    Returns:
+        The steps, each a list of equation indices; a step of several is one group.
+    """
+    producer: dict[Any, int] = {}
+    users: list[list[int]] = [[] for _ in eqns]
+    waiting = [0] * len(eqns)
+    bit = {i: 1 << n for n, i in enumerate(unit_of)}  # compact: one bit per call
+    below = [0] * len(eqns)  # the bits of the calls it depends on, its own included
+    for i, eqn in enumerate(eqns):
+        deps = {producer[v] for v in eqn.invars if not isinstance(v, Literal) and v in producer}
+        waiting[i] = len(deps)
+        b = 0
+        for d in deps:
+            users[d].append(i)
+            b |= below[d]
+        below[i] = b | bit.get(i, 0)
         for v in eqn.outvars:
-            depth_of[v] = d
-    return out
+            producer[v] = i
+    programs: dict[int, set[int]] = {}
+    for i, p in unit_of.items():
+        programs.setdefault(p, set()).add(i)
+    mask = {p: sum(bit[i] for i in members) for p, members in programs.items()}
+    glue = [i for i in range(len(eqns)) if waiting[i] == 0 and i not in unit_of]
+    heapq.heapify(glue)
+    ready = {i for i in unit_of if waiting[i] == 0}
+    run_units = 0
+    steps: list[list[int]] = []
+
+    def done(i: int) -> None:
+        for j in users[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                if j in unit_of:
+                    ready.add(j)
+                else:
+                    heapq.heappush(glue, j)
+
+    while True:
+        while glue:
+            i = heapq.heappop(glue)
+            steps.append([i])
+            done(i)
+        if not ready:
+            return steps
+        best: tuple[bool, int, int] | None = None
+        for p, members in programs.items():
+            now = [i for i in members if i in ready]
+            if not now:
+                continue
+            pending = mask[p] & ~run_units
+            free = sum(1 for i in members if not (below[i] & pending & ~bit[i]))
+            key = (len(now) == free, len(now), -min(now))
+            if best is None or key > best:
+                best = key
+                chosen = sorted(now)
+        for i in chosen:
+            ready.discard(i)
+            programs[unit_of[i]].discard(i)
+            run_units |= bit[i]
+        steps.append(chosen)
+        for i in chosen:
+            done(i)
 
 
 def _same(vs: Sequence[Any]) -> bool:
@@ -234,26 +301,21 @@ def eval_rolled(closed: Any, args: Sequence[Any]) -> list[Any]:
     for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
     eqns = jaxpr.eqns
-    depths = _depths(eqns)
-    by_key: dict[tuple[int, int], list[int]] = {}
-    for i, eqn in enumerate(eqns):
-        if _is_unit(eqn) and not eqn.params["jaxpr"].effects:
-            by_key.setdefault((depths[i], id(eqn.params["jaxpr"])), []).append(i)
+    programs: dict[int, int] = {}
+    unit_of = {
+        i: programs.setdefault(id(eqn.params["jaxpr"]), len(programs))
+        for i, eqn in enumerate(eqns)
+        if _is_unit(eqn) and not eqn.params["jaxpr"].effects
+    }
     # A chain (each call reading the previous one's output) is left unrolled: measured on a
     # UNet (`benchmarks/experiments/unet_compile_once.py`), a loop over 4 chained residual
     # blocks of convolutions compiled 2.1x and ran 2.5x slower on the CPU. `nn.Stack` is the
     # tool for long chains.
-    plan: dict[int, Callable[[], None]] = {}
-    grouped: set[int] = set()
-    for members in by_key.values():
-        if len(members) > 1:
-            plan[members[0]] = functools.partial(_emit_group, [eqns[j] for j in members], env)
-            grouped.update(members)
-    for i in sorted(range(len(eqns)), key=lambda i: depths[i]):  # stable: a valid order
-        if i in plan:
-            plan[i]()
-        elif i not in grouped:
-            _emit_one(eqns[i], env)
+    for step in _schedule(eqns, unit_of):
+        if len(step) > 1:
+            _emit_group([eqns[i] for i in step], env)
+        else:
+            _emit_one(eqns[step[0]], env)
     return [_read(env, v) for v in jaxpr.outvars]
 
 
