@@ -270,7 +270,11 @@ def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
             args[p] = value
         for p, x in zip(stacked_pos, xs, strict=True):
             args[p] = x
-        return None, eval_rolled(closed, args)  # as it is, if it holds no units
+        if contains_units(closed.jaxpr):
+            return None, eval_rolled(closed, args)
+        # The call itself, not its equations: JAX traces and lowers the program once for all
+        # the loops that run it.
+        return None, bind_equation(group[0], args)
 
     with eqn_context(group[0]):
         _, ys = lax.scan(body, None, stacked, length=len(group))
