@@ -24,7 +24,7 @@ from treemod._tree.check import tree_check, tree_flatten_one_level
 from treemod._module.abstract import AbstractClassVar, AbstractVar
 from treemod._module.module import FrozenModuleError, Module, field
 from treemod._module.partial import Partial
-from treemod._module.enumeration import Enumeration
+from treemod._enumeration import Enumeration
 from treemod._display.hook import treescope_repr as _treescope_repr
 from treemod._display.summary import ModelSummary, summary
 
