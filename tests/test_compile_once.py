@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 import treemod as tm
 import treemod.nn as nn
@@ -233,27 +233,48 @@ def test_calls_wait_for_the_other_calls_of_their_program() -> None:
     np.testing.assert_allclose(jnp.stack([g.w for g in grads]), want_grad, rtol=1e-5)
 
 
+class CosUnit(tm.Module):
+    """A second program, so that calls of two programs wait on each other."""
+
+    w: jax.Array
+
+    @tm.compile_once
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.cos(x @ self.w)
+
+
+def _inline(u: Unit | CosUnit, h: jax.Array) -> jax.Array:
+    return (jnp.cos if isinstance(u, CosUnit) else jnp.sin)(h @ u.w)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     wiring=st.lists(
         st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 2)),
         min_size=1,
         max_size=8,
-    )
+    ),
+    cos=st.lists(st.booleans(), min_size=16, max_size=16),
+)
+# Calls of two programs waiting on each other: sin(node 2 = cos(x) + x) and cos(node 3 =
+# sin(x) + x) are each free of their own program's calls but wait for the other's.
+@example(
+    wiring=[(0, 0, 0), (0, 0, 0), (2, 3, 1)],
+    cos=[True, False, False, False, False, True] + [False] * 10,
 )
 def test_random_graphs_of_units_match_the_inline_program(
-    wiring: list[tuple[int, int, int]],
+    wiring: list[tuple[int, int, int]], cos: list[bool]
 ) -> None:
-    """Any DAG of calls: a node sums two calls on earlier nodes, or one call and an earlier
-    node, or calls the last node (chains)."""
+    """Any DAG of calls of two programs: a node sums two calls on earlier nodes, or one call
+    and an earlier node, or calls the last node (chains)."""
     ws = jax.random.normal(jax.random.key(4), (2 * len(wiring), 2, 2))
-    units = [Unit(w) for w in ws]
+    units = [CosUnit(w) if c else Unit(w) for w, c in zip(ws, cos, strict=False)]
 
-    def graph(us: list[Unit], x: jax.Array, inline: bool) -> jax.Array:
+    def graph(us: list[Unit | CosUnit], x: jax.Array, inline: bool) -> jax.Array:
         nodes = [x, 2 * x]
         for i, (a, b, kind) in enumerate(wiring):
             ua, ub = us[2 * i], us[2 * i + 1]
-            call = (lambda u, h: jnp.sin(h @ u.w)) if inline else (lambda u, h: u(h))
+            call = _inline if inline else (lambda u, h: u(h))
             h = nodes[a % len(nodes)]
             if kind == 2:  # a link of a chain
                 nodes.append(call(ua, nodes[-1]))
@@ -262,8 +283,11 @@ def test_random_graphs_of_units_match_the_inline_program(
         return sum(nodes[2:])
 
     x = jnp.array([0.3, -0.7])
-    got = tm.filter_jit(jax.value_and_grad(lambda us, x: jnp.sum(graph(us, x, False))))(units, x)
-    want = jax.value_and_grad(lambda us, x: jnp.sum(graph(us, x, True)))(units, x)
+    # Gradients for x too: every call then differentiates its input (one program per class).
+    got = tm.filter_jit(
+        jax.value_and_grad(lambda us, x: jnp.sum(graph(us, x, False)), argnums=(0, 1))
+    )(units, x)
+    want = jax.value_and_grad(lambda us, x: jnp.sum(graph(us, x, True)), argnums=(0, 1))(units, x)
     for g, w in zip(_leaves(got), _leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
