@@ -2,6 +2,9 @@
 
 - JAX: strict dtype promotion, rank promotion raising, warnings as errors, eight fake CPU
   devices, float32 matmuls at the highest precision.
+- Threads: one BLAS/OpenMP thread per process (`OMP_NUM_THREADS=1`, inherited by the xdist
+  workers and the processes tests start). On a 2-core machine PyTorch's and NumPy's small
+  matmuls ran 50-250x slower with two threads than with one, and `make test` runs two workers.
 - Hypothesis: the `ci` profile (bounded examples, no deadline: the machines running the suite are
   small and shared) unless `HYPOTHESIS_PROFILE` names another (`thorough`: 10x the examples).
 - Temporary files: `tempfile`'s directory is the test's `tmp_path` (also `TMPDIR` for the
@@ -42,15 +45,21 @@ os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One BLAS/OpenMP thread (see above): a (3, 7, 32) x (32, 64) torch.nn.functional.linear took
+# 2.6 ms with two threads, 0.01 ms with one. PyTorch reads this when it is first imported; NumPy's
+# OpenBLAS, loaded by a plugin (jaxtyping's) before this file, is limited below.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from collections.abc import Iterator  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from helpers import recursion_budget_lost, require_references  # noqa: E402  (tests/)
 
+threadpool_limits(int(os.environ["OMP_NUM_THREADS"]))  # for the BLAS libraries loaded already
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The references (PyTorch, NumPy) compute float32 matmuls exactly; on GPUs JAX's default
