@@ -231,14 +231,17 @@ def _rolled_call(closed: Any, name: str) -> Callable[..., Any]:
     return fn
 
 
-def _emit_one(eqn: Any, env: dict[Any, Any]) -> None:
-    invals = [_read(env, v) for v in eqn.invars]
+def _run(eqn: Any, invals: list[Any]) -> list[Any]:
+    """`eqn` on `invals`; a nested program that calls units runs with them rolled inside, any
+    other equation (a unit's own call included: JAX lowers it once) is bound as it is."""
     if eqn.primitive.name == "jit" and contains_units(eqn.params["jaxpr"].jaxpr):
-        with eqn_context(eqn):
-            outs = _rolled_call(eqn.params["jaxpr"], eqn.params["name"])(*invals)
-    else:
-        with eqn_context(eqn):
-            outs = bind_equation(eqn, invals)
+        return list(_rolled_call(eqn.params["jaxpr"], eqn.params["name"])(*invals))
+    return bind_equation(eqn, invals)
+
+
+def _emit_one(eqn: Any, env: dict[Any, Any]) -> None:
+    with eqn_context(eqn):
+        outs = _run(eqn, [_read(env, v) for v in eqn.invars])
     for v, o in zip(eqn.outvars, outs, strict=True):
         env[v] = o
 
@@ -251,7 +254,6 @@ def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
     own offset, so XLA would generate a distinct kernel for each; a stack or a slice of one
     array's shape is the same kernel wherever it occurs, and XLA compiles it once.
     """
-    closed = group[0].params["jaxpr"]
     n_in = len(group[0].invars)
     shared: dict[int, Any] = {}
     stacked_pos: list[int] = []
@@ -270,11 +272,7 @@ def _emit_group(group: list[Any], env: dict[Any, Any]) -> None:
             args[p] = value
         for p, x in zip(stacked_pos, xs, strict=True):
             args[p] = x
-        if contains_units(closed.jaxpr):
-            return None, eval_rolled(closed, args)
-        # The call itself, not its equations: JAX traces and lowers the program once for all
-        # the loops that run it.
-        return None, bind_equation(group[0], args)
+        return None, _run(group[0], args)
 
     with eqn_context(group[0]):
         _, ys = lax.scan(body, None, stacked, length=len(group))
