@@ -3,10 +3,15 @@
 A private name can move or change in any release of its library, so no other file of treemod
 imports from `jax._src` or `jaxtyping._storage`: they import from here. Each name says what it
 is, why treemod needs it (what the public API lacks) and since which version it exists where
-it is imported from (read in JAX's and jaxtyping's release tags; treemod requires `jax>=0.6` and
-`jaxtyping>=0.2.36`, so all are present in every supported version, and were checked up to
-jax 0.10.2 and jaxtyping 0.3.11). `tests/project/test_private_apis.py` checks each against the
-installed libraries, so an upgrade that moves one fails there, naming it.
+it is imported from, and where a JAX release moved or changed it, the import or accessor for each
+version. `make test` runs `tests/project/test_private_apis.py` on both ends of the supported
+range (jax 0.10.2 on Python 3.11 and jax 0.12 on Python 3.13): it checks each name against the
+installed libraries' public API and behaviour, so an upgrade that moves or changes one fails
+there, naming it.
+
+Reading traced programs (`_transforms/roll.py`, `_compile_report/`) relies on jaxpr internals
+too: which primitive is a nested call and which parameter holds its program. Those assumptions
+are here as well (`CALL_PRIMITIVES`, `called_program`, `sub_jaxprs`).
 
 Importing this module costs nothing beyond `import jax`: the `jax._src` modules are loaded by
 JAX itself, and jaxtyping's names are looked up at their first use (`__getattr__` below), as
@@ -26,16 +31,25 @@ import jax  # noqa: F401  (loads the jax._src modules below)
 # stack and source location (the compile report and XLA's metadata read them).
 from jax._src import source_info_util as _source_info_util
 
-# `Primitive`, `ClosedJaxpr`, `jaxpr_as_fun`, `find_top_trace` (jax._src.core, there since JAX
-# 0.4.2). `jax.extend.core` re-exports the first three, but importing `jax.extend` imports every
-# one of its submodules (tens of milliseconds at `import treemod`).
+# `Primitive`, `Literal`, `find_top_trace`, `eval_jaxpr` (jax._src.core, there
+# since JAX 0.4.2; `jax.extend.core` re-exports all but `eval_jaxpr`, and
+# `tests/project/test_private_apis.py` checks that each is the public object). They are imported
+# from where they live because importing `jax.extend` imports every one of its submodules (tens
+# of milliseconds at `import treemod`).
 # - `Primitive`: `unvmap_any`'s primitive (`_transforms/unvmap.py`), batched by hand.
-# - `ClosedJaxpr`, `jaxpr_as_fun`: run a stored jaxpr with its constants
-#   (`filter_closure_convert`).
 # - `find_top_trace`: the innermost trace of the primals, so `filter_jvp` can tell its own
 #   tracers from an enclosing transform's (no public equivalent).
-# - `Literal`: a constant operand of an equation (`_transforms/roll.py`, below).
-from jax._src.core import ClosedJaxpr, Literal, Primitive, find_top_trace, jaxpr_as_fun
+# - `Literal`: a constant operand of an equation (`_transforms/roll.py`).
+# - `eval_jaxpr`: run a traced program with given constants (`filter_closure_convert`, rolling).
+from jax._src.core import Literal, Primitive, eval_jaxpr, find_top_trace
+
+# `ClosedJaxpr`: a traced program with its constants, what `jax.make_jaxpr` returns and what a
+# `jit` equation holds. JAX 0.12 merged it into `Jaxpr` (which carries `consts`, and whose
+# `.jaxpr` is itself); `jax.extend.core.ClosedJaxpr` names the class on every version.
+try:
+    from jax._src.core import ClosedJaxpr  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # JAX >= 0.12
+    from jax._src.core import Jaxpr as ClosedJaxpr
 
 # `_convert_element_type(x, weak_type=True)` (jax._src.lax.lax, there before JAX 0.4.1): make an
 # array weakly typed again. `load` restores a saved weakly typed scalar with it; the public
@@ -49,16 +63,19 @@ if TYPE_CHECKING:
     from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
 __all__ = [
+    "CALL_PRIMITIVES",
     "DEBUG_CALLBACK_LOGGER",
     "ClosedJaxpr",
     "Primitive",
     "convert_element_type",
+    "eval_jaxpr",
     "find_top_trace",
     "get_shape_memo",
     "bind_equation",
+    "called_program",
     "eqn_context",
-    "jaxpr_as_fun",
     "Literal",
+    "sub_jaxprs",
     "opaque_trace_state",
     "pop_shape_memo",
     "push_shape_memo",
@@ -122,6 +139,37 @@ def bind_equation(eqn: Any, invals: list[Any]) -> list[Any]:
     subfuns, params = ([], got) if isinstance(got, dict) else got
     out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+# The primitive of a nested `jax.jit` call: `jit` since JAX 0.7 (`pjit` before). Its
+# parameters hold the callee as `jaxpr` (a `ClosedJaxpr`) and its name as `name`.
+CALL_PRIMITIVES = ("jit", "pjit")
+
+
+def called_program(eqn: Any) -> tuple[Any, str] | None:
+    """`(program, name)` if `eqn` calls a nested `jax.jit` program, else `None`.
+
+    `program` is the callee as a `ClosedJaxpr` (its equations: `program.jaxpr.eqns`; JAX 0.12's
+    merged `Jaxpr` is its own `.jaxpr`); one traced function gives every call site the same
+    program object, so identity tells programs apart.
+    """
+    if eqn.primitive.name not in CALL_PRIMITIVES:
+        return None
+    program = eqn.params.get("jaxpr")
+    if not isinstance(program, ClosedJaxpr):
+        return None
+    return program, str(eqn.params.get("name", eqn.primitive.name))
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """The open jaxprs an equation's parameters hold (a callee, a loop body, a `cond`'s
+    branches), each once."""
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                yield item.jaxpr
+            elif hasattr(item, "eqns") and hasattr(item, "invars"):
+                yield item
 
 
 def reset_compilation_cache() -> None:

@@ -104,12 +104,59 @@ def test_find_top_trace_names_the_innermost_transform() -> None:
     assert type(found[0]).__name__ == "JVPTrace"
 
 
-def test_a_closed_jaxpr_runs_as_a_function() -> None:
-    closed = jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(1.0)  # public: a ClosedJaxpr
+@pytest.mark.parametrize("name", ["ClosedJaxpr", "Literal", "Primitive", "find_top_trace"])
+def test_each_name_jax_extend_core_exports_is_the_public_object(name: str) -> None:
+    # Imported from jax._src for import time; `jax.extend.core` is the public home on every
+    # supported version (JAX 0.12's `ClosedJaxpr` is its merged `Jaxpr`).
+    import jax.extend.core
+
+    assert getattr(private, name) is getattr(jax.extend.core, name)
+
+
+def test_eval_jaxpr_runs_a_traced_program_with_other_constants() -> None:
+    w = jnp.array([1.0, 2.0])
+    closed = jax.make_jaxpr(lambda x: jnp.sin(x) * w)(1.0)  # public: a ClosedJaxpr
     assert isinstance(closed, private.ClosedJaxpr)
-    rebuilt = private.ClosedJaxpr(closed.jaxpr, closed.consts)
-    (out,) = private.jaxpr_as_fun(rebuilt)(0.5)
-    np.testing.assert_allclose(out, np.sin(0.5) * 2, rtol=1e-6)
+    assert [np.asarray(c).tolist() for c in closed.consts] == [[1.0, 2.0]]
+    (out,) = private.eval_jaxpr(closed.jaxpr, [jnp.array([3.0, 4.0])], 0.5)
+    np.testing.assert_allclose(out, np.sin(0.5) * np.array([3.0, 4.0]), rtol=1e-6)
+
+
+def test_called_program_finds_a_nested_jit_its_program_and_its_name() -> None:
+    def named_inner(x: jax.Array) -> jax.Array:
+        return jnp.cos(x) + 1
+
+    inner = jax.jit(named_inner)
+    closed = jax.make_jaxpr(lambda x: inner(x) * inner(2 * x) + jnp.sin(x))(1.0)
+    calls = [private.called_program(e) for e in closed.jaxpr.eqns]
+    found = [c for c in calls if c is not None]
+    assert len(found) == 2 and sum(c is None for c in calls) == len(calls) - 2
+    (program_a, name_a), (program_b, name_b) = found
+    assert program_a is program_b and name_a == name_b == "named_inner"
+    assert isinstance(program_a, private.ClosedJaxpr)
+    assert [e.primitive.name for e in program_a.jaxpr.eqns] == ["cos", "add"]
+    assert {e.primitive.name for e in closed.jaxpr.eqns} & set(private.CALL_PRIMITIVES)
+
+
+def test_sub_jaxprs_finds_callees_loop_bodies_and_branches() -> None:
+    def f(x: jax.Array) -> jax.Array:
+        y = jax.jit(jnp.tanh)(x)
+        y = jax.lax.cond(x > 0, jnp.sin, jnp.cos, y)
+        return jax.lax.scan(lambda c, _: (jnp.exp(c), None), y, length=2)[0]
+
+    closed = jax.make_jaxpr(f)(1.0)
+    inner = {
+        e.primitive.name: [
+            sorted(q.primitive.name for q in sub.eqns) for sub in private.sub_jaxprs(e.params)
+        ]
+        for e in closed.jaxpr.eqns
+        if list(private.sub_jaxprs(e.params))
+    }
+    assert inner == {
+        next(n for n in private.CALL_PRIMITIVES if n in inner): [["tanh"]],
+        "cond": [["cos"], ["sin"]],
+        "scan": [["exp"]],
+    }
 
 
 def test_primitive_binds_with_an_implementation() -> None:

@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from treemod._compile_report.names import ScopeReader
 from treemod._format.describe import describe_array
-from treemod._private_apis import ClosedJaxpr
+from treemod._private_apis import called_program, sub_jaxprs
 
-__all__ = ["JaxprCosts", "ProgramUse", "jaxpr_costs", "sub_jaxprs"]
-
-_CALL_PRIMITIVES = ("jit", "pjit")
+__all__ = ["JaxprCosts", "ProgramUse", "jaxpr_costs"]
 
 
 @dataclasses.dataclass
@@ -49,16 +46,6 @@ class JaxprCosts:
     programs: list[ProgramUse]
     scans: int
     once_uses: Counter[str]
-
-
-def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
-    """The jaxprs an equation holds (a callee, a loop body, the branches of a `cond`)."""
-    for value in params.values():
-        for item in value if isinstance(value, tuple | list) else (value,):
-            if isinstance(item, ClosedJaxpr):
-                yield item.jaxpr
-            elif hasattr(item, "eqns") and hasattr(item, "invars"):
-                yield item
 
 
 def _inputs(jaxpr: Any) -> str:
@@ -106,11 +93,12 @@ def jaxpr_costs(closed: Any, read: ScopeReader, root: str, marker: str) -> Jaxpr
             name = eqn.primitive.name
             if name == "scan":
                 costs.scans += 1
-            if name in _CALL_PRIMITIVES and isinstance(eqn.params.get("jaxpr"), ClosedJaxpr):
-                callee = eqn.params["jaxpr"].jaxpr
+            call = called_program(eqn)
+            if call is not None:
+                callee = call[0].jaxpr
                 use = programs.get(id(callee))
                 if use is None:
-                    label = str(eqn.params.get("name", name))
+                    label = call[1]
                     use = programs[id(callee)] = ProgramUse(
                         label, _inputs(callee), eqns=_size(callee, memo)
                     )

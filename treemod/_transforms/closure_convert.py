@@ -11,10 +11,7 @@ import jax.tree_util as jtu
 from treemod._format.describe import describe_value
 from treemod._format.paths import function_name
 from treemod._module.module import Module, field
-
-# jax.extend.core's names, imported from where they live: `jax.extend` imports every one of its
-# submodules (Pallas among them), a quarter of `import treemod`'s time.
-from treemod._private_apis import ClosedJaxpr, jaxpr_as_fun
+from treemod._private_apis import eval_jaxpr
 from treemod._transforms.leaves import merge_leaves, split_leaves
 from treemod._tree.filters import IS_ARRAY_TYPE
 
@@ -52,8 +49,7 @@ class _ClosureConverted(Module):
                 "shapes and dtypes differ from the example arguments it was converted with. "
                 "Convert it again with these arguments."
             )
-        run = jaxpr_as_fun(ClosedJaxpr(self.jaxpr, self.consts))
-        out_dynamic = run(*dynamic)
+        out_dynamic = eval_jaxpr(self.jaxpr, self.consts, *dynamic)
         out = merge_leaves(self.out_mask, out_dynamic, self.out_static)
         return self.out_treedef.unflatten(out)
 

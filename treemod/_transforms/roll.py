@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from treemod._private_apis import Literal, bind_equation, eqn_context
+from treemod._private_apis import Literal, bind_equation, called_program, eqn_context, eval_jaxpr
 
 __all__ = [
     "UNIT_MARK",
@@ -101,8 +101,16 @@ def trace_maybe_rolled(fn: Callable[[Any], Any], arg: Any) -> Any:
         stack.pop()
 
 
-def _is_unit(eqn: Any) -> bool:
-    return eqn.primitive.name == "jit" and UNIT_MARK in eqn.params["name"]
+def _unit_program(eqn: Any) -> Any:
+    """The program `eqn` calls if it is a call of a `compile_once` program, else `None`."""
+    call = called_program(eqn)
+    return call[0] if call is not None and UNIT_MARK in call[1] else None
+
+
+def _nested_with_units(eqn: Any) -> tuple[Any, str] | None:
+    """`(program, name)` if `eqn` calls a nested program that calls units, else `None`."""
+    call = called_program(eqn)
+    return call if call is not None and contains_units(call[0].jaxpr) else None
 
 
 # Per program, held weakly: a long-lived process traces many programs and drops them.
@@ -115,8 +123,7 @@ def contains_units(jaxpr: Any) -> bool:
     if hit is not None:
         return hit
     found = any(
-        _is_unit(e) or (e.primitive.name == "jit" and contains_units(e.params["jaxpr"].jaxpr))
-        for e in jaxpr.eqns
+        _unit_program(e) is not None or _nested_with_units(e) is not None for e in jaxpr.eqns
     )
     _contains[jaxpr] = found
     return found
@@ -234,8 +241,9 @@ def _rolled_call(closed: Any, name: str) -> Callable[..., Any]:
 def _run(eqn: Any, invals: list[Any]) -> list[Any]:
     """`eqn` on `invals`; a nested program that calls units runs with them rolled inside, any
     other equation (a unit's own call included: JAX lowers it once) is bound as it is."""
-    if eqn.primitive.name == "jit" and contains_units(eqn.params["jaxpr"].jaxpr):
-        return list(_rolled_call(eqn.params["jaxpr"], eqn.params["name"])(*invals))
+    nested = _nested_with_units(eqn)
+    if nested is not None:
+        return list(_rolled_call(*nested)(*invals))
     return bind_equation(eqn, invals)
 
 
@@ -296,7 +304,7 @@ def eval_rolled(closed: Any, args: Sequence[Any]) -> list[Any]:
     """
     jaxpr = closed.jaxpr
     if jaxpr.effects or not contains_units(jaxpr):
-        return list(jax.core.eval_jaxpr(jaxpr, closed.consts, *args))
+        return list(eval_jaxpr(jaxpr, closed.consts, *args))
     env: dict[Any, Any] = {}
     for v, x in zip(jaxpr.constvars, closed.consts, strict=True):
         env[v] = x
@@ -304,10 +312,11 @@ def eval_rolled(closed: Any, args: Sequence[Any]) -> list[Any]:
         env[v] = x
     eqns = jaxpr.eqns
     programs: dict[int, int] = {}
+    units = {i: _unit_program(eqn) for i, eqn in enumerate(eqns)}
     unit_of = {
-        i: programs.setdefault(id(eqn.params["jaxpr"]), len(programs))
-        for i, eqn in enumerate(eqns)
-        if _is_unit(eqn) and not eqn.params["jaxpr"].effects
+        i: programs.setdefault(id(program), len(programs))
+        for i, program in units.items()
+        if program is not None and not program.effects
     }
     # A chain (each call reading the previous one's output) is left unrolled: measured on a
     # UNet (`benchmarks/experiments/unet_compile_once.py`), a loop over 4 chained residual

@@ -287,7 +287,7 @@ class Checkpoint:
                 end = min(stop, row + step)
                 target = out[row - start : end - start]
                 block = target if direct else np.empty(target.shape, info.dtype)
-                view = memoryview(block.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                view = memoryview(block.reshape(-1).view(np.uint8))  # type: ignore[arg-type,unused-ignore]
                 position, done = info.offset + row * per_row, 0
                 while done < len(view):
                     got = os.preadv(fd, [view[done:]], position + done)

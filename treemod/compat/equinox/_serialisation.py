@@ -116,7 +116,7 @@ def default_deserialise_filter_spec(f: IO[bytes], x: Any) -> Any:
         return np.load(f)
     if isinstance(x, _ARRAY_LIKE):
         raw = np.load(f)
-        if isinstance(x, jnp.bfloat16) and raw.dtype.kind == "V":
+        if isinstance(x, np.generic) and x.dtype == jnp.bfloat16 and raw.dtype.kind == "V":
             raw = raw.view(jnp.bfloat16)
         if isinstance(x, np.generic):
             same_kind = raw.dtype == x.dtype
