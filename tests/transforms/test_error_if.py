@@ -61,6 +61,24 @@ def test_branched_error_if_raises_the_message_of_the_first_true_element() -> Non
         jax.block_until_ready(jax.jit(jax.vmap(check))(batch))
 
 
+@pytest.mark.parametrize("bad_at", [(0, 1, 2), (1, 0, 0), (1, 2, 1), (2, 2, 2)])
+def test_branched_error_if_under_nested_vmap_names_the_first_bad_example(
+    bad_at: tuple[int, int, int],
+) -> None:
+    # Message k for element k of a (3, 3, 3) batch; every element after `bad_at` in row-major
+    # order is bad too, so only a check that takes the first in example order names `bad_at`.
+    order = np.arange(27).reshape(3, 3, 3)
+    x = jnp.where(order >= order[bad_at], jnp.inf, 1.0)
+    msgs = [f"element {k}" for k in range(27)]
+
+    def check(x: jax.Array, k: jax.Array) -> jax.Array:
+        return tm.branched_error_if(x, ~jnp.isfinite(x), k, msgs)
+
+    run = jax.jit(jax.vmap(jax.vmap(check)))
+    with pytest.raises(RuntimeError, match=rf"element {order[bad_at]}\b"):
+        jax.block_until_ready(run(x, jnp.asarray(order)))
+
+
 def test_branched_error_if_index_must_be_integer_and_the_error_names_it() -> None:
     with pytest.raises(TypeError, match=r"branched_error_if: `index` must be an integer .* f32"):
         tm.branched_error_if(jnp.ones(2), jnp.ones(2) > 0, jnp.ones(2), ["a"])

@@ -14,7 +14,7 @@ import numpy as np
 
 from treemod._format.describe import describe_value
 from treemod._private_apis import DEBUG_CALLBACK_LOGGER
-from treemod._transforms.unvmap import unvmap_any
+from treemod._transforms.unvmap import unvmap_first_true
 
 __all__ = ["RuntimeCheckError", "branched_error_if", "error_if", "set_default_on_error"]
 
@@ -232,27 +232,28 @@ def _raise_if(x: T, pred: Any, index: Any, msgs: Sequence[str], name: str, on_er
         breakpoint()  # noqa: T100 - on_error="breakpoint" asks for exactly this
         return x
     pred, index = jnp.broadcast_arrays(pred, index)
-    first = jnp.argmax(pred.ravel())  # the first true element (0 if none is)
     if on_error == "nan":
         nan_or_x = jax.lax.cond(jnp.any(pred), lambda t: jtu.tree_map(_nan_like, t), lambda t: t, x)
         return nan_or_x  # type: ignore[no-any-return]
     if on_error == "breakpoint":
 
         def stop(which: Any) -> None:
-            print(f"{name}: {msgs[int(np.ravel(which)[0])]}")
+            print(f"{name}: {msgs[int(which)]}")
 
-        def open_debugger() -> None:
-            jax.debug.callback(stop, index.ravel()[first])
+        def open_debugger(which: Any) -> None:
+            jax.debug.callback(stop, which)
             jax.debug.breakpoint()
 
-        jax.lax.cond(unvmap_any(pred), open_debugger, lambda: None)
+        any_true, which = unvmap_first_true(pred, index)
+        jax.lax.cond(any_true, open_debugger, lambda which: None, which)
         return x
 
     def check(any_true: Any, which: Any) -> None:
-        any_true, which = np.ravel(any_true), np.ravel(which)
-        if any_true.any():  # under vmap: one entry per example
-            _LAST_MESSAGE[0] = message = msgs[int(which[np.argmax(any_true)])]
+        if any_true:
+            _LAST_MESSAGE[0] = message = msgs[int(which)]
             raise RuntimeCheckError(message)
 
-    jax.debug.callback(check, jnp.any(pred), index.ravel()[first])
+    # One callback with the first true element across every vmap batch entry: a callback under
+    # vmap runs once per entry, in an order XLA picks (not the entries' order on JAX 0.12).
+    jax.debug.callback(check, *unvmap_first_true(pred, index))
     return x
