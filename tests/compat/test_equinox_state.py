@@ -290,3 +290,23 @@ def test_state_index_of_a_function_says_to_pass_the_value() -> None:
     for nn in (eqx.nn, teqx.nn):
         with pytest.raises(ValueError, match="accepts the value of the initial state directly"):
             nn.StateIndex(lambda: jnp.zeros(2))
+
+
+def test_a_fresh_batch_norm_saves_the_same_bytes_every_time(tmp_path: Any) -> None:
+    # Equinox fills the running statistics with `jnp.empty` (uninitialised memory from JAX
+    # 0.11): the compat layer's are zeros until the first batch overwrites them, so a saved
+    # fresh model is the same file each time.
+    files = []
+    for i in range(2):
+        _ = jnp.full((4096,), 7.0) * i  # memory a fresh `jnp.empty` could be handed
+        model, state = teqx.nn.make_with_state(teqx.nn.BatchNorm)(5, axis_name="batch", mode="ema")
+        path = tmp_path / f"{i}.eqx"
+        teqx.tree_serialise_leaves(path, (model, state))
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    running = state.get(model.ema_state_index)
+    assert [x.tolist() for x in running] == [[0.0] * 5, [0.0] * 5]
+    x = normal((8, 5))
+    out, state = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, state)
+    mean, var = state.get(model.ema_state_index)
+    close(mean, jnp.mean(x, axis=0), rtol=1e-5)  # the first batch's statistics, taken as they are

@@ -112,8 +112,11 @@ class BatchNorm(StatefulLayer):
         self.bias = jnp.zeros(input_size, dtype) if channelwise_affine else None
         if mode == "ema":
             self.ema_first_time_index = StateIndex(jnp.array(True))
+            # Overwritten by the first batch's statistics before they are read. Equinox fills
+            # them with `jnp.empty`, which from JAX 0.11 is uninitialised memory: zeros, so a
+            # saved state, its hash and a comparison are the same from run to run.
             self.ema_state_index = StateIndex(
-                (jnp.empty(input_size, dtype), jnp.empty(input_size, dtype))
+                (jnp.zeros(input_size, dtype), jnp.zeros(input_size, dtype))
             )
             self.batch_counter = None
             self.batch_state_index = None
