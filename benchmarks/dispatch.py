@@ -1,4 +1,5 @@
-"""Dispatch overhead of `filter_jit` against `jax.jit` (the floor), Equinox and Flax NNX.
+"""Dispatch overhead of `filter_jit` against `jax.jit` (the floor), Equinox and Flax NNX (in
+its default graph mode and in tree mode, `graph=False`).
 
 A dispatch-bound training step (SGD on an MLP, width 64, batch 8) at depth 8 and 64. The model
 holds one non-array leaf, a float like Dropout's `p`, as real models do (a model of arrays alone
@@ -147,7 +148,9 @@ def _equinox_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]
     return {"equinox.filter_jit": make}
 
 
-def _nnx_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]:
+def _nnx_contender(depth: int, graph: bool = True) -> dict[str, Callable[[], Callable[[], Any]]]:
+    """Flax NNX's step through `nnx.jit`, in graph mode or (`graph=False`) tree mode, where
+    `nnx.value_and_grad` differentiates its whole argument (here all Params)."""
     try:
         from flax import nnx
     except ImportError:
@@ -169,10 +172,12 @@ def _nnx_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]:
     x = jax.random.normal(jax.random.key(1), (BATCH, WIDTH))
     y = jax.random.normal(jax.random.key(2), (BATCH, WIDTH))
 
-    @nnx.jit
+    @nnx.jit(graph=graph)
     def step(m: MLP, x: jax.Array, y: jax.Array) -> Any:
-        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(m)
-        params = nnx.state(m, nnx.Param)
+        value_and_grad = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2), graph=graph)
+        loss, grads = value_and_grad(m)
+        params = nnx.state(m, nnx.Param, graph=graph)
+        grads = nnx.state(grads, nnx.Param, graph=graph)
         nnx.update(m, jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads))
         return loss
 
@@ -182,7 +187,7 @@ def _nnx_contender(depth: int) -> dict[str, Callable[[], Callable[[], Any]]]:
 
         return run
 
-    return {"flax nnx.jit": make}
+    return {"flax nnx.jit" if graph else "nnx.jit (tree mode)": make}
 
 
 def _time_block(run: Callable[[], Any], steps: int) -> tuple[float, float]:
@@ -199,6 +204,7 @@ def measure_depth(depth: int, rounds: int, steps: int) -> dict[str, list[tuple[f
         **_treemod_contenders(depth),
         **_equinox_contender(depth),
         **_nnx_contender(depth),
+        **_nnx_contender(depth, graph=False),
     }
     runs = {name: make() for name, make in makers.items()}
     for run in runs.values():  # compile and warm up

@@ -23,6 +23,7 @@ PACKAGES = {
     "treemod": "treemod/",
     "equinox": "equinox/",
     "nnx": "flax/",
+    "nnx_tree": "flax/",
     "linen": "flax/",
     "haiku": "haiku/",
 }

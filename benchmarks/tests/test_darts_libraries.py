@@ -43,15 +43,16 @@ def _abstract_carry(framework: str) -> Any:
         import equinox as eqx
 
         return eqx.filter_eval_shape(init_carry, key)
-    if framework == "nnx":  # its init_carry draws a Python seed, so it cannot run on shapes
+    if framework in ("nnx", "nnx_tree"):  # init_carry draws a Python seed: it cannot run on shapes
         from flax import nnx
 
-        return (nnx.eval_shape(lambda: module.Network(CFG, nnx.Rngs(0))),)
+        with nnx.set_graph_mode(framework == "nnx"):
+            return (nnx.eval_shape(lambda: module.Network(CFG, nnx.Rngs(0))),)
     return jax.eval_shape(init_carry, key)
 
 
 # NNX, Linen and Haiku trace their networks slowly, even for shapes (12-40 s at load 6).
-_SLOW = ("nnx", "linen", "haiku")
+_SLOW = ("nnx", "nnx_tree", "linen", "haiku")
 
 
 @pytest.mark.parametrize(

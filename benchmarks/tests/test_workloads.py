@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import treemod as tm
@@ -92,6 +97,7 @@ _MODULE = {
     "treemod": "treemod_models",
     "equinox": "equinox_models",
     "nnx": "nnx_models",
+    "nnx_tree": "nnx_tree_models",
     "linen": "linen_models",
     "haiku": "haiku_models",
 }
@@ -133,3 +139,69 @@ def test_only_steps_with_dropout_draw_random_numbers(name: str) -> None:
             text = str(tm.filter_make_jaxpr(case.step)(carry, x, y)[0])
         drawn = "random_bits" in text or "random_split" in text or "threefry" in text
         assert drawn == w.random, f"{fw}/{name}"
+
+
+def _pure(tree: Any) -> Any:
+    """NumPy copies of the arrays of `tree` (PRNG keys as their key data)."""
+
+    def array(v: Any) -> np.ndarray:
+        is_key = jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(v) if is_key else v)
+
+    return jax.tree_util.tree_map(array, tree)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "transformer12"])
+def test_nnx_tree_mode_computes_what_graph_mode_does(name: str) -> None:
+    """The tree-mode contender is the NNX one with `nnx.set_graph_mode(False)`: from the same
+    seed, three training steps give the same losses and leave the same model state (weights,
+    BatchNorm statistics, dropout keys and counts), and the mode is restored after each call."""
+    if run.unavailable("nnx"):
+        pytest.skip(f"nnx: {run.unavailable('nnx')}")
+    from flax import nnx
+
+    from benchmarks.worker import _batch
+
+    w = workloads(quick=True)[name]
+    results = {}
+    for fw in ("nnx", "nnx_tree"):
+        with default_promotion():
+            case = importlib.import_module(f"benchmarks.workloads.{_MODULE[fw]}").build(w)
+            carry = case.make_carry(case.make_model(0))
+            x, y = _batch(w, w.tiny_batch, case.channels_last)
+            losses = []
+            for _ in range(3):
+                carry, loss = case.step(carry, x, y)
+                losses.append(float(loss))
+        assert nnx.set_graph_mode.current_value()  # graph mode again outside the calls
+        results[fw] = losses, _pure(nnx.to_pure_dict(nnx.state(carry[0])))
+    np.testing.assert_allclose(results["nnx_tree"][0], results["nnx"][0], rtol=1e-5)
+    tree_state, graph_state = results["nnx_tree"][1], results["nnx"][1]
+    assert jax.tree_util.tree_structure(tree_state) == jax.tree_util.tree_structure(graph_state)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        tree_state,
+        graph_state,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # the suite's harness in fresh processes
+def test_quick_run_with_flax_nnx_in_both_modes(tmp_path: Path) -> None:
+    if run.unavailable("nnx"):
+        pytest.skip(f"nnx: {run.unavailable('nnx')}")
+    cmd = [sys.executable, "-m", "benchmarks.run", "--quick", "--frameworks", "nnx,nnx_tree"]
+    cmd += ["--workloads", "transformer12", "--out", str(tmp_path), "--no-progress", "--jobs", "2"]
+    env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0"}  # compiles faster
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    recs = {r["framework"]: r for r in data["records"]}
+    assert set(recs) == {"nnx", "nnx_tree"}
+    for fw, rec in recs.items():
+        assert "error" not in rec, (fw, rec.get("traceback"))
+        assert rec["params"] == expected_params(workloads(quick=True)["transformer12"])
+        assert 0 < rec["step_tiny_s"] < rec["first_call_s"]
+    assert recs["nnx_tree"]["first_loss"] == pytest.approx(recs["nnx"]["first_loss"], rel=1e-5)
+    assert "| Flax NNX | Flax NNX (tree mode) |" in (tmp_path / "results.md").read_text()

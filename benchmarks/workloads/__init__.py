@@ -10,6 +10,7 @@ MODULES = {
     "treemod": "benchmarks.workloads.treemod_models",
     "equinox": "benchmarks.workloads.equinox_models",
     "nnx": "benchmarks.workloads.nnx_models",
+    "nnx_tree": "benchmarks.workloads.nnx_tree_models",
     "linen": "benchmarks.workloads.linen_models",
     "haiku": "benchmarks.workloads.haiku_models",
 }

@@ -48,7 +48,7 @@ def darts_weights(framework: str, carry: Any) -> Any:
         import treemod as tm
 
         return tm.filter(carry[0], tm.is_param)
-    if framework == "nnx":
+    if framework in ("nnx", "nnx_tree"):
         from flax import nnx
 
         return nnx.state(carry[0], nnx.Param)
@@ -75,7 +75,7 @@ def bilevel_case(framework: str, cfg: Any) -> Case:
         carry, (train_loss, _) = bilevel_step(carry, x[0], y[0], x[1], y[1])
         return carry, train_loss
 
-    if framework == "nnx":  # modules and optimisers: wait on their state
+    if framework in ("nnx", "nnx_tree"):  # modules and optimisers: wait on their state
         from flax import nnx
 
         def wait_for(carry: Any) -> None:

@@ -1,7 +1,7 @@
 """The DARTS supernet in Flax NNX: stateful `nnx.Module`s (NHWC), BatchNorm statistics updated
 in place, the architecture weights an `nnx.Param` module of their own with an Adam
 `nnx.Optimizer`, the weights an SGD `nnx.Optimizer`, one `nnx.jit` bilevel step (see
-`darts_spec.py`).
+`darts_spec.py`). `darts_nnx_tree.py` runs the same in NNX's tree mode.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .darts_spec import (
     cell_plan,
     edge_strides,
 )  # fmt: skip
+from .nnx_models import value_and_param_grad
 
 
 def _bn(c: int, rngs: nnx.Rngs, affine: bool = False) -> nnx.BatchNorm:
@@ -166,8 +167,7 @@ def make_step(cfg: DartsConfig):
         val = nnx.value_and_grad(lambda a, m: cross_entropy(m(xv, a), yv), argnums=0)
         lv, ga = val(alphas, model)
         a_opt.update(alphas, ga)
-        train = nnx.value_and_grad(lambda m, a: cross_entropy(m(xt, a), yt), argnums=0)
-        lt, gw = train(model, alphas)
+        lt, gw = value_and_param_grad(lambda m, a: cross_entropy(m(xt, a), yt), model, alphas)
         w_opt.update(model, gw)
         return lt, lv
 

@@ -5,10 +5,14 @@ construction, layout NHWC, `nnx.value_and_grad` + `optimizer.update(model, grads
 `nnx.jit`, BatchNorm statistics updated in place, dropout keys from an `nnx.Rngs` stream held
 by the model, and the deep stack built with `nnx.vmap` (+ `nnx.split_rngs`) and applied with
 `nnx.scan`.
+
+The same code runs in NNX's tree mode (`nnx_tree_models.py`), where only the gradient is taken
+differently (`value_and_param_grad`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -125,6 +129,26 @@ class Transformer(nnx.Module):
         return self.head(self.norm(x).mean(axis=1))
 
 
+def value_and_param_grad(
+    loss: Callable[..., jax.Array], model: Any, *args: Any
+) -> tuple[jax.Array, Any]:
+    """`loss(model, *args)` and its gradient with respect to `model`'s `nnx.Param`s.
+
+    In graph mode (NNX's default) `nnx.value_and_grad` differentiates the Params of its first
+    argument. In tree mode it differentiates every array of it, as `jax.grad` does, so FLIP 5310
+    splits the model into its Params and the rest (dropout keys, BatchNorm statistics) and merges
+    them inside the loss; updates of the rest still reach the model.
+    """
+    if nnx.set_graph_mode.current_value():
+        return nnx.value_and_grad(loss, argnums=0)(model, *args)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def split_loss(params: Any, rest: Any, *args: Any) -> jax.Array:
+        return loss(nnx.merge(graphdef, params, rest), *args)
+
+    return nnx.value_and_grad(split_loss)(params, rest, *args)
+
+
 _MODELS: dict[str, Any] = {"mlp": MLP, "resnet": ResNet, "transformer": Transformer}
 
 
@@ -141,7 +165,7 @@ def build(w: Workload) -> Case:
         def loss_fn(model: Any) -> jax.Array:
             return cross_entropy(model(x), y)
 
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        loss, grads = value_and_param_grad(loss_fn, model)
         optimizer.update(model, grads)
         return loss
 

@@ -15,7 +15,7 @@ from . import darts_spec
 
 Kind = Literal["mlp", "resnet", "transformer", "darts"]
 
-FRAMEWORKS = ("jax", "treemod", "equinox", "nnx", "linen", "haiku")
+FRAMEWORKS = ("jax", "treemod", "equinox", "nnx", "nnx_tree", "linen", "haiku")
 """Contender names, the floor (plain JAX on dicts) first."""
 
 LABELS = {
@@ -23,6 +23,7 @@ LABELS = {
     "treemod": "treemod",
     "equinox": "Equinox",
     "nnx": "Flax NNX",
+    "nnx_tree": "Flax NNX (tree mode)",
     "linen": "Flax Linen",
     "haiku": "Haiku",
 }
@@ -33,6 +34,7 @@ REQUIRES = {
     "treemod": ("jax", "optax", "treemod"),
     "equinox": ("jax", "optax", "equinox"),
     "nnx": ("jax", "optax", "flax.nnx"),
+    "nnx_tree": ("jax", "optax", "flax.nnx"),
     "linen": ("jax", "optax", "flax.linen"),
     "haiku": ("jax", "optax", "haiku"),
 }
@@ -42,6 +44,7 @@ DISTRIBUTIONS = {
     "treemod": "treemod",
     "equinox": "equinox",
     "nnx": "flax",
+    "nnx_tree": "flax",
     "linen": "flax",
     "haiku": "dm-haiku",
 }
