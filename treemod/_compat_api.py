@@ -64,6 +64,8 @@ parameter layouts):
 - `default_dtype`, `compute_dtype`, `require_key`, `accepts_key`, `identity`: the layers'
   argument checks (parameter dtype, statistics dtype, a key given), whether a layer's call takes
   `key=`, and `MLP`'s identity activation.
+- `promote_input`: the layers' promotion of integer and boolean inputs to floating point (for an
+  adapter's layers that compute their own formula, so they take the inputs treemod's take).
 """
 
 from treemod._format.describe import describe_value
@@ -87,6 +89,7 @@ from treemod.nn._utils import (
     accepts_key,
     compute_dtype,
     default_dtype,
+    promote_input,
     require_key,
     with_spatial_dims,
 )
@@ -116,6 +119,7 @@ __all__ = [
     "module_info",
     "normalise",
     "power_iteration",
+    "promote_input",
     "replace_atomically",
     "require_key",
     "seekable",

@@ -1,14 +1,31 @@
-"""Equinox's `LayerNorm`, `GroupNorm`, `RMSNorm`: treemod's layers, also callable with a `State`.
+"""Equinox's `LayerNorm`, `GroupNorm`, `RMSNorm`: treemod's layers computing Equinox's formulas.
 
-Equinox's normalisation layers accept an optional state and hand it back unchanged
-(`y, state = norm(x, state)`), so they can stand where a stateful layer could. Parameters,
-initialisation and numerics are treemod's, which already match Equinox's.
+Parameters and initialisation are treemod's, which match Equinox's. The arithmetic is Equinox's
+own, so that gradients round as Equinox's do, not only outputs: Equinox takes the variance
+with `jnp.var` (which computes the mean again, a second path for the gradient) clipped at 0,
+where treemod's layers take PyTorch's `mean((x - mean)**2)` of the one mean; and it computes on
+the one example it is given, where treemod's core runs on a batch of one (an extra axis that
+older XLA versions reduce in another order). A training run through these layers gives
+Equinox's losses bit for bit (`tests/compat/test_equinox_programs.py`).
+
+Leading batch axes (which treemod accepts and Equinox does not) are `jax.vmap`ped over the
+one-example formula, as a user vmaps Equinox's layer. Inputs the formula does not fit
+(a wrong shape, channels-last input) go to treemod's layer, for its errors and its layouts.
+Each layer also accepts an optional state and hands it back unchanged (`y, state = norm(x,
+state)`), so it can stand where a stateful layer could.
 """
 
 from __future__ import annotations
 
+import functools as ft
+from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from treemod._compat_api import promote_input
 from treemod.nn import GroupNorm as _GroupNorm
 from treemod.nn import LayerNorm as _LayerNorm
 from treemod.nn import RMSNorm as _RMSNorm
@@ -20,8 +37,65 @@ __all__ = ["LayerNorm", "GroupNorm", "RMSNorm"]
 _NO_STATE: Any = object()
 
 
+def _float_dtype(x: Any) -> Any:
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.result_type(x.dtype, jnp.float32)
+
+
+def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    """Equinox's `LayerNorm` on one example."""
+    dtype = _float_dtype(x)
+    xf = x.astype(dtype)
+    mean = jnp.mean(xf, keepdims=True)
+    variance = jnp.maximum(0.0, jnp.var(xf, keepdims=True))
+    out = (xf - mean) * lax.rsqrt(variance + eps)
+    if weight is not None:
+        out = weight.astype(dtype) * out
+    if bias is not None:
+        out = out + bias.astype(dtype)
+    return out.astype(x.dtype)
+
+
+def _rms_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    """Equinox's `RMSNorm` on one example."""
+    dtype = _float_dtype(x)
+    xf = x.astype(dtype)
+    out = lax.rsqrt(jnp.mean(xf**2) + eps) * xf
+    if weight is not None:
+        out = weight.astype(dtype) * out
+    if bias is not None:
+        out = out + bias.astype(dtype)
+    return out.astype(x.dtype)
+
+
+def _left_broadcast(v: Any, shape: tuple[int, ...]) -> Any:
+    return jnp.broadcast_to(v.reshape(v.shape + (1,) * (len(shape) - v.ndim)), shape)
+
+
+def _group_norm(x: Any, weight: Any, bias: Any, eps: float, groups: int) -> Any:
+    """Equinox's `GroupNorm` on one example `(channels, *spatial)`."""
+    dtype = _float_dtype(x)
+    xf = x.astype(dtype)
+    y = xf.reshape(groups, xf.shape[0] // groups, *xf.shape[1:])
+    mean = jax.vmap(ft.partial(jnp.mean, keepdims=True))(y)
+    variance = jnp.maximum(0.0, jax.vmap(ft.partial(jnp.var, keepdims=True))(y))
+    out = ((y - mean) * lax.rsqrt(variance + eps)).reshape(xf.shape)
+    if weight is not None and bias is not None:
+        out = _left_broadcast(weight, out.shape).astype(dtype) * out + _left_broadcast(
+            bias, out.shape
+        ).astype(dtype)
+    return out.astype(x.dtype)
+
+
+def _over_batch(formula: Callable[[Any], Any], x: Any, batch_ndim: int) -> Any:
+    """`formula` of one example applied to `x` with `batch_ndim` leading batch axes."""
+    for _ in range(batch_ndim):
+        formula = jax.vmap(formula)
+    return formula(x)
+
+
 class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta, shapecheck=False):
-    """`treemod.nn.LayerNorm`, also callable as `y, state = ln(x, state)` (state unchanged).
+    """`treemod.nn.LayerNorm` with Equinox's arithmetic, also callable with a `State`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -33,13 +107,19 @@ class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta, shapecheck=False):
     _treemod_layer = _LayerNorm
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
-        """Normalise `x`; with a `state`, return `(y, state)`."""
-        y = super().__call__(x)
+        """Normalise `x` (`shape`, or `(*batch, *shape)`); with a `state`, return `(y, state)`."""
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
+        k = len(self.shape)
+        if x.ndim >= k and tuple(x.shape[x.ndim - k :]) == self.shape:
+            formula = ft.partial(_layer_norm, weight=self.weight, bias=self.bias, eps=self.eps)
+            y = _over_batch(formula, x, x.ndim - k)
+        else:
+            y = super().__call__(x)  # treemod's error
         return y if state is _NO_STATE else (y, state)
 
 
 class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta, shapecheck=False):
-    """`treemod.nn.RMSNorm`, also callable as `y, state = norm(x, state)` (state unchanged).
+    """`treemod.nn.RMSNorm` with Equinox's arithmetic, also callable with a `State`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -51,13 +131,19 @@ class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta, shapecheck=False):
     _treemod_layer = _RMSNorm
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
-        """Normalise `x`; with a `state`, return `(y, state)`."""
-        y = super().__call__(x)
+        """Normalise `x` (`shape`, or `(*batch, *shape)`); with a `state`, return `(y, state)`."""
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
+        k = len(self.shape)
+        if x.ndim >= k and tuple(x.shape[x.ndim - k :]) == self.shape:
+            formula = ft.partial(_rms_norm, weight=self.weight, bias=self.bias, eps=self.eps)
+            y = _over_batch(formula, x, x.ndim - k)
+        else:
+            y = super().__call__(x)  # treemod's error
         return y if state is _NO_STATE else (y, state)
 
 
 class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta, shapecheck=False):
-    """`treemod.nn.GroupNorm` on one example `(C, *spatial)`, also callable with a `State`.
+    """`treemod.nn.GroupNorm` with Equinox's arithmetic on `(C, *spatial)`, also with a `State`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -69,6 +155,17 @@ class GroupNorm(_GroupNorm, metaclass=CompatLayerMeta, shapecheck=False):
     _treemod_layer = _GroupNorm
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
-        """Normalise `x`; with a `state`, return `(y, state)`."""
-        y = super().__call__(x)
+        """Normalise `x` of shape `(channels, *spatial)`, or `(*batch, channels, *spatial)`
+        with `spatial_ndim`; with a `state`, return `(y, state)`."""
+        x = promote_input(x, None if self.weight is None else self.weight.dtype)
+        nb = 0 if self.spatial_ndim is None else x.ndim - 1 - self.spatial_ndim
+        c = x.shape[nb] if 0 <= nb < x.ndim else None
+        fits = c is not None and c % self.groups == 0 and self.channels in (None, c)
+        if fits and not self.channels_last:
+            formula = ft.partial(
+                _group_norm, weight=self.weight, bias=self.bias, eps=self.eps, groups=self.groups
+            )
+            y = _over_batch(formula, x, nb)
+        else:
+            y = super().__call__(x)  # channels last, or treemod's error
         return y if state is _NO_STATE else (y, state)
