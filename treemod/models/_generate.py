@@ -3,7 +3,8 @@
 One `filter_jit`-compiled function does the whole generation: the prompt's forward pass fills
 the cache (prefill), then a `lax.while_loop` adds one token per step until `max_new_tokens` or
 every row has produced an end-of-sequence token. It is traced once per batch size, prompt
-length, `max_new_tokens` and sampling settings; the loop never retraces per token.
+length, `max_new_tokens` and sampling settings; the loop never retraces per token. It reads
+the model through `CausalLM`'s contract only (`_causal_lm.py`): any subclass generates.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import numpy as np
 from jax import Array, lax
 from jaxtyping import PRNGKeyArray
 
+import treemod.nn as nn
 from treemod._transforms.jit import filter_jit
 from treemod.models._attention_parts import token_inputs
-from treemod.models._gpt2 import GPT2LMHeadModel
-from treemod.models._kv_cache import CausalLM, cache_shape, cached_logits, check_model
+from treemod.models._causal_lm import CausalLM, KVCache, cached_logits
 from treemod.models._sampling import choose
 
 __all__ = ["generate"]
@@ -54,13 +55,14 @@ def generate(
 ) -> Array:
     """Continue each prompt by up to `max_new_tokens` tokens, as `transformers`' `generate`.
 
-    Works with `GPT2LMHeadModel` and the Llama family's causal LMs (`LlamaForCausalLM`,
-    `MistralForCausalLM`, `Qwen2ForCausalLM`). Prompts of different lengths go in one batch
-    left-padded, with `attention_mask` 0 on the padding; position ids come from the mask
-    (`cumsum(mask) - 1`) as in `transformers`. A key-value cache of `prompt + max_new_tokens`
-    slots is filled by one forward pass over the prompts, then one token is added per step in
-    a compiled loop: the whole call is compiled once per batch size, prompt length,
-    `max_new_tokens` and sampling settings.
+    Works with every causal language model of the zoo (`GPT2LMHeadModel`, `LlamaForCausalLM`,
+    `MistralForCausalLM`, `Qwen2ForCausalLM`: the subclasses of `CausalLM`). Prompts of
+    different lengths go in one batch left-padded, with `attention_mask` 0 on the padding;
+    position ids come from the mask (`cumsum(mask) - 1`) as in `transformers`. A key-value
+    cache of `prompt + max_new_tokens` slots is filled by one forward pass over the prompts,
+    then one token is added per step in a compiled loop: the whole call is compiled once per
+    batch size, prompt length, `max_new_tokens` and sampling settings. Decoding runs in
+    inference mode (no dropout).
 
     Greedy decoding (`do_sample=False`) takes the most likely token, giving `transformers`'
     greedy tokens. Sampling applies, in `transformers`' order, `temperature`, `top_k` (keep the
@@ -97,7 +99,12 @@ def generate(
         >>> out.shape
         (2, 7)
     """
-    check_model(model)
+    if not isinstance(model, CausalLM):
+        raise TypeError(
+            f"generate: {type(model).__name__} is not a causal language model of "
+            "treemod.models; pass a CausalLM: GPT2LMHeadModel or a Llama-family *ForCausalLM "
+            "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."
+        )
     owner = f"generate ({type(model).__name__})"
     ids, mask, _ = token_inputs(owner, input_ids, attention_mask, None)
     settings = _settings(
@@ -105,14 +112,13 @@ def generate(
     )
     if do_sample and key is None:
         raise ValueError(f"{owner}: sampling (do_sample=True) needs `key=` (a PRNG key).")
-    if isinstance(model, GPT2LMHeadModel):
-        limit = model.transformer.wpe.weight.shape[0]
-        if ids.shape[1] + max_new_tokens > limit:
-            raise ValueError(
-                f"{owner}: prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} "
-                f"exceeds the config's n_positions={limit} (GPT-2 has no positions beyond it); "
-                "shorten the prompt or max_new_tokens."
-            )
+    limit = model.max_positions()
+    if limit is not None and ids.shape[1] + max_new_tokens > limit[1]:
+        raise ValueError(
+            f"{owner}: prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} "
+            f"exceeds the config's {limit[0]}={limit[1]} (the model has no positions beyond "
+            "it); shorten the prompt or max_new_tokens."
+        )
     if mask is None:
         mask = jnp.ones(ids.shape, bool)
     tokens, steps = _run(model, ids.astype(jnp.int32), mask, key, settings)
@@ -172,13 +178,14 @@ def _run(
     model: CausalLM, ids: Array, mask: Array, key: PRNGKeyArray | None, s: _Settings
 ) -> tuple[Array, Array]:
     """Prefill, then the decoding loop; returns the token buffer and the steps taken."""
+    model = nn.inference_mode(model)  # at trace time: decoding drops nothing
     batch, prompt_len = ids.shape
     max_len = prompt_len + s.max_new_tokens
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1).astype(jnp.int32)
     valid = jnp.zeros((batch, max_len), bool).at[:, :prompt_len].set(mask)
-    shape, dtype = cache_shape(model, batch, max_len)
-    cache = (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
-    logits, cache = cached_logits(model, ids, positions, valid, cache, jnp.int32(0))
+    layout = model.lm_parts().decoder.cache_layout()
+    cache = KVCache.empty(layout, batch, max_len).at(jnp.int32(0), valid)
+    logits, cache = cached_logits(model, ids, positions, cache)
     tokens = jnp.zeros((batch, max_len), jnp.int32).at[:, :prompt_len].set(ids)
     eos = jnp.asarray(s.eos, jnp.int32) if s.eos else None
 
@@ -219,7 +226,7 @@ def _run(
         step, tokens, valid, cache, token, unfinished, position, key = state
         offset = prompt_len + step - 1
         new, pos = token[:, None], position[:, None]
-        logits, cache = cached_logits(model, new, pos, valid, cache, offset)
+        logits, cache = cached_logits(model, new, pos, cache.at(offset, valid))
         tokens, valid, token, unfinished, key = pick(step, tokens, valid, logits, unfinished, key)
         return step + 1, tokens, valid, cache, token, unfinished, position + 1, key
 

@@ -4,7 +4,8 @@ Attribute paths are `transformers`' parameter names: `transformer.h` is an `nn.S
 `GPT2Block`s, so `tm.state_dict` names `transformer.h.0.attn.c_attn.weight`. GPT-2's
 projections are `Conv1D`s storing `(in, out)` weights as `transformers` does (PEFT's LoRA reads
 them with `fan_in_fan_out=True`). The layer index travels in the `Stack`'s carry, for the
-per-layer attention scale of `scale_attn_by_inverse_layer_idx`.
+per-layer attention scale of `scale_attn_by_inverse_layer_idx`, with the key-value cache of
+`generate` (`None` otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ from treemod.models._base import (
     PretrainedModel,
     config_error,
     register_architecture,
+)
+from treemod.models._causal_lm import (
+    CacheLayout,
+    CausalLM,
+    KVCache,
+    LMParts,
+    MaybeCache,
+    build_lm_head,
 )
 from treemod.models._hf_activations import get_activation, hf_activation
 from treemod.models._lm_config import check_dropout, check_int, resolve
@@ -108,13 +117,25 @@ class GPT2Attention(Module):
     upcast: bool = field(static=True)
 
     def __call__(
-        self, x: Array, mask: Array, layer: Array, *, key: PRNGKeyArray | None = None
-    ) -> Array:
-        """Attend over `x` `(batch, seq, embed)` with the boolean `mask`; `layer` is the index."""
+        self,
+        x: Array,
+        mask: Array,
+        layer: Array,
+        *,
+        key: PRNGKeyArray | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        """Attend over `x` `(batch, seq, embed)` with the boolean `mask`; `layer` is the index.
+
+        With a `cache`, the new keys and values are written into it and the queries attend
+        over all its slots (`mask` then covers them); returns `(output, cache)`.
+        """
         batch, seq, embed = x.shape
         head_dim = embed // self.num_heads
         q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
         q, k, v = (t.reshape(batch, seq, self.num_heads, head_dim) for t in (q, k, v))
+        if cache is not None:
+            cache, k, v = cache.write(k, v)
         scale: float | Array = self.scales[0]
         if len(self.scales) > 1:
             scale = jnp.asarray(self.scales, jnp.float32)[layer]
@@ -130,7 +151,7 @@ class GPT2Attention(Module):
             float32_scores=self.upcast,
         )
         out = self.c_proj(out.reshape(batch, seq, embed))
-        return self.resid_dropout(out, key=k_resid)
+        return self.resid_dropout(out, key=k_resid), cache
 
 
 class GPT2MLP(Module):
@@ -150,7 +171,7 @@ class GPT2MLP(Module):
 class GPT2Block(Module):
     """One pre-norm block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
 
-    Called by `nn.Stack` with the carry `(hidden, layer_index)`; returns the next carry.
+    Called by `nn.Stack` with the carry `(hidden, layer_index, cache)`; returns the next carry.
     """
 
     ln_1: nn.LayerNorm
@@ -159,14 +180,19 @@ class GPT2Block(Module):
     mlp: GPT2MLP
 
     def __call__(
-        self, carry: tuple[Array, Array], mask: Array, *, key: PRNGKeyArray | None = None
-    ) -> tuple[Array, Array]:
-        """`(hidden, layer)` -> `(new hidden, layer + 1)`."""
-        x, layer = carry
+        self,
+        carry: tuple[Array, Array, KVCache | None],
+        mask: Array,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[Array, Array, KVCache | None]:
+        """`(hidden, layer, cache)` -> `(new hidden, layer + 1, cache)`."""
+        x, layer, cache = carry
         k_attn, k_mlp = split_key(key, 2)
-        x = x + self.attn(self.ln_1(x), mask, layer, key=k_attn)
+        h, cache = self.attn(self.ln_1(x), mask, layer, key=k_attn, cache=cache)
+        x = x + h
         x = x + self.mlp(self.ln_2(x), key=k_mlp)
-        return x, layer + 1
+        return x, layer + 1, cache
 
 
 def _gpt2_values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -342,12 +368,29 @@ class GPT2Model(PretrainedModel):
         # transformers reads packed sequences from explicit positions only without a cache,
         # which its forward makes whenever the config's use_cache is on (the default).
         attn_mask = causal_mask(seq, mask, positions if self.packed_sequences else None)
-        hidden, _ = self.h((hidden, jnp.zeros((), jnp.int32)), attn_mask, key=k_layers)
-        return self.ln_f(hidden)
+        hidden, _ = self._layers(hidden, attn_mask, None, key=k_layers)
+        return hidden
+
+    def cache_layout(self) -> CacheLayout:
+        """`n_layer` layers of `n_head` heads of `n_embd // n_head`, in the embedding's dtype."""
+        wte, heads = self.wte.weight, self.h.layers.attn.num_heads
+        return CacheLayout(len(self.h), heads, wte.shape[1] // heads, wte.dtype)
+
+    def decode(self, ids: Array, positions: Array, cache: KVCache) -> tuple[Array, KVCache]:
+        """The last hidden state over new tokens with `generate`'s cache (see `Decoder`)."""
+        hidden = self.wte(ids) + self.wpe(positions)
+        return self._layers(hidden, cache.mask(ids.shape[1], None), cache)
+
+    def _layers(
+        self, hidden: Array, mask: Array, cache: MaybeCache, *, key: PRNGKeyArray | None = None
+    ) -> tuple[Array, MaybeCache]:
+        carry = (hidden, jnp.zeros((), jnp.int32), cache)
+        hidden, _, cache = self.h(carry, mask, key=key)
+        return self.ln_f(hidden), cache
 
 
 @register_architecture
-class GPT2LMHeadModel(PretrainedModel):
+class GPT2LMHeadModel(CausalLM):
     """GPT-2 with its language-modelling head: returns `logits` `(batch, seq, vocab_size)`.
 
     With `tie_word_embeddings` (the default) the head is the token embedding itself (one
@@ -369,6 +412,7 @@ class GPT2LMHeadModel(PretrainedModel):
     model_type = "gpt2"
     base_model_prefix: ClassVar[str] = "transformer"
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
+    token_embedding_name: ClassVar[str] = "transformer.wte"
 
     transformer: GPT2Model
     lm_head: nn.Linear | None
@@ -395,24 +439,23 @@ class GPT2LMHeadModel(PretrainedModel):
         values = _gpt2_values(cls.__name__, config)
         k_body, k_head = jax.random.split(key)
         body = GPT2Model._build(config, values, key=k_body, dtype=dtype)
-        head = None
-        if not values["tie_word_embeddings"]:
-            init = nn.init.normal(values["initializer_range"])
-            head = nn.Linear(
-                values["n_embd"],
-                values["vocab_size"],
-                use_bias=False,
-                dtype=jnp.float32 if dtype is None else dtype,
-                weight_init=init,
-                key=k_head,
-            )
+        head = build_lm_head(
+            values["n_embd"],
+            values["vocab_size"],
+            values["tie_word_embeddings"],
+            values["initializer_range"],
+            dtype,
+            key=k_head,
+        )
         return cls(config=config, transformer=body, lm_head=head)
 
-    def tied_weights(self) -> dict[str, str]:
-        """`{"lm_head.weight": "transformer.wte.weight"}` when tied, else `{}`."""
-        if self.lm_head is None:
-            return {"lm_head.weight": "transformer.wte.weight"}
-        return {}
+    def lm_parts(self) -> LMParts:
+        """`transformer`, `transformer.wte`, `lm_head`."""
+        return LMParts(self.transformer, self.transformer.wte, self.lm_head)
+
+    def max_positions(self) -> tuple[str, int]:
+        """`("n_positions", n)`: GPT-2 has no positions beyond its position embedding's."""
+        return "n_positions", self.transformer.wpe.weight.shape[0]
 
     def __call__(
         self,
@@ -442,7 +485,4 @@ class GPT2LMHeadModel(PretrainedModel):
             position_ids=position_ids,
             key=key,
         )
-        if self.lm_head is not None:
-            return self.lm_head(hidden)
-        weight = self.transformer.wte.weight
-        return lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (1,)), ((), ())))
+        return self.logits(hidden)

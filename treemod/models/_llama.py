@@ -8,12 +8,12 @@ are `transformers`' parameter names (`model.layers` is an `nn.Stack` of `LlamaDe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
-from jax import Array, lax
+from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
@@ -24,6 +24,14 @@ from treemod.models._base import (
     PretrainedModel,
     config_error,
     register_architecture,
+)
+from treemod.models._causal_lm import (
+    CacheLayout,
+    CausalLM,
+    KVCache,
+    LMParts,
+    MaybeCache,
+    build_lm_head,
 )
 from treemod.models._hf_activations import hf_activation
 from treemod.models._llama_layers import build_layer
@@ -269,22 +277,47 @@ class LlamaModel(PretrainedModel):
         owner = type(self).__name__
         ids, mask, positions = token_inputs(owner, input_ids, attention_mask, position_ids)
         seq = ids.shape[1]
-        hidden = self.embed_tokens(ids)
         pos = positions if positions is not None else jnp.arange(seq)[None]
-        cos, sin = self.rotary_emb(pos, hidden.dtype)
-        kinds = sorted(set(self.layer_kinds))
-        windows = [None if kind == 0 else self.sliding_window for kind in kinds]
         # transformers reads packed sequences from explicit positions only without a cache,
         # which its forward makes whenever the config's use_cache is on (the default).
         packed = positions if self.packed_sequences else None
-        masks = jnp.stack([causal_mask(seq, mask, packed, w) for w in windows])
+        hidden, _ = self._layers(
+            ids, pos, lambda window: causal_mask(seq, mask, packed, window), None, key=key
+        )
+        return hidden
+
+    def cache_layout(self) -> CacheLayout:
+        """`num_hidden_layers` layers of `num_key_value_heads` heads of `head_dim`."""
+        attn = self.layers.layers.self_attn
+        dtype = self.embed_tokens.weight.dtype
+        return CacheLayout(len(self.layers), attn.num_key_value_heads, attn.head_dim, dtype)
+
+    def decode(self, ids: Array, positions: Array, cache: KVCache) -> tuple[Array, KVCache]:
+        """The last hidden state over new tokens with `generate`'s cache (see `Decoder`)."""
+        return self._layers(ids, positions, lambda window: cache.mask(ids.shape[1], window), cache)
+
+    def _layers(
+        self,
+        ids: Array,
+        positions: Array,
+        make_mask: Callable[[int | None], Array],
+        cache: MaybeCache,
+        *,
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[Array, MaybeCache]:
+        """Embed, run the layers (one mask per attention kind, made by `make_mask(window)`)."""
+        hidden = self.embed_tokens(ids)
+        cos, sin = self.rotary_emb(positions, hidden.dtype)
+        kinds = sorted(set(self.layer_kinds))
+        windows = [None if kind == 0 else self.sliding_window for kind in kinds]
+        masks = jnp.stack([make_mask(w) for w in windows])
         index = jnp.asarray([kinds.index(kind) for kind in self.layer_kinds], jnp.int32)
-        carry = (hidden, jnp.zeros((), jnp.int32))
-        hidden, _ = self.layers(carry, cos, sin, masks, index, key=key)
-        return self.norm(hidden)
+        carry = (hidden, jnp.zeros((), jnp.int32), cache)
+        hidden, _, cache = self.layers(carry, cos, sin, masks, index, key=key)
+        return self.norm(hidden), cache
 
 
-class LlamaForCausalLM(PretrainedModel):
+class LlamaForCausalLM(CausalLM):
     """A Llama-family decoder with its language-modelling head: returns `logits`.
 
     `lm_head` is a bias-free `nn.Linear`, or, with `tie_word_embeddings`, the token embedding
@@ -307,6 +340,7 @@ class LlamaForCausalLM(PretrainedModel):
     model_type: ClassVar[str] = "llama"
     base_model_prefix: ClassVar[str] = "model"
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
+    token_embedding_name: ClassVar[str] = "model.embed_tokens"
     body: ClassVar[type[LlamaModel]] = LlamaModel
 
     model: LlamaModel
@@ -334,23 +368,19 @@ class LlamaForCausalLM(PretrainedModel):
         v = _values(cls.__name__, cls.model_type, config)
         k_body, k_head = jax.random.split(key)
         body = cls.body._build(config, v, k_body, dtype, cls.__name__)
-        head = None
-        if not v["tie_word_embeddings"]:
-            head = nn.Linear(
-                v["hidden_size"],
-                v["vocab_size"],
-                use_bias=False,
-                dtype=jnp.float32 if dtype is None else dtype,
-                weight_init=nn.init.normal(v["initializer_range"]),
-                key=k_head,
-            )
+        head = build_lm_head(
+            v["hidden_size"],
+            v["vocab_size"],
+            v["tie_word_embeddings"],
+            v["initializer_range"],
+            dtype,
+            key=k_head,
+        )
         return cls(config=config, model=body, lm_head=head)
 
-    def tied_weights(self) -> dict[str, str]:
-        """`{"lm_head.weight": "model.embed_tokens.weight"}` when tied, else `{}`."""
-        if self.lm_head is None:
-            return {"lm_head.weight": "model.embed_tokens.weight"}
-        return {}
+    def lm_parts(self) -> LMParts:
+        """`model`, `model.embed_tokens`, `lm_head`."""
+        return LMParts(self.model, self.model.embed_tokens, self.lm_head)
 
     def __call__(
         self,
@@ -374,10 +404,7 @@ class LlamaForCausalLM(PretrainedModel):
         hidden = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, key=key
         )
-        if self.lm_head is not None:
-            return self.lm_head(hidden)
-        weight = self.model.embed_tokens.weight
-        return lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (1,)), ((), ())))
+        return self.logits(hidden)
 
 
 register_architecture(LlamaModel)

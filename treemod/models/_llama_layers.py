@@ -2,8 +2,8 @@
 
 Attribute names are `transformers`' (`self_attn.q_proj`, `mlp.gate_proj`, `input_layernorm`,
 ...), every projection an `nn.Linear`, so `tm.state_dict` names them as `transformers` does and
-PEFT's `target_modules` names select them. `LlamaAttention.project` (the rotated q, k, v) and
-`attend` are separate steps: a key-value cache goes between them.
+PEFT's `target_modules` names select them. `generate`'s key-value cache is an argument of the
+attention (`cache=None` otherwise), carried through the layers' `nn.Stack` scan.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod.models._attention_parts import attend
+from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
 from treemod.models._rope import apply_rope
 
@@ -54,26 +55,38 @@ class LlamaAttention(Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def __call__(
-        self, x: Array, cos: Array, sin: Array, mask: Array, *, key: PRNGKeyArray | None = None
-    ) -> Array:
+        self,
+        x: Array,
+        cos: Array,
+        sin: Array,
+        mask: Array,
+        *,
+        key: PRNGKeyArray | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
         """Attention output `(batch, seq, hidden)` for `x` under the boolean `mask`.
 
         Arguments:
             x: the normalised hidden states `(batch, seq, hidden)`.
             cos: `Rope`'s cosine table.
             sin: `Rope`'s sine table.
-            mask: booleans `(batch or 1, 1, seq, seq)`, True to attend.
+            mask: booleans `(batch or 1, 1, seq, keys)`, True to attend (`keys` is `seq`, or
+                the cache's slots).
             key: dropout key (training mode only).
+            cache: `generate`'s key-value cache: the new keys and values are written into it
+                and the queries attend over all its slots.
 
         Returns:
-            `o_proj` of the attended values.
+            `(output, cache)`: `o_proj` of the attended values, and the cache.
         """
         batch, seq, _ = x.shape
         q, k, v = self.project(x, cos, sin)
+        if cache is not None:
+            cache, k, v = cache.write(k, v)
         out = attend(
             q, k, v, mask, scale=self.head_dim**-0.5, dropout=self.attention_dropout, key=key
         )
-        return self.o_proj(out.reshape(batch, seq, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(batch, seq, self.num_heads * self.head_dim)), cache
 
 
 class LlamaMLP(Module):
@@ -92,7 +105,7 @@ class LlamaMLP(Module):
 class LlamaDecoderLayer(Module):
     """One pre-norm block: `x + self_attn(input_layernorm(x))`, then the MLP likewise.
 
-    Called by `nn.Stack` with the carry `(hidden, layer_index)`. `masks` holds one mask per
+    Called by `nn.Stack` with the carry `(hidden, layer_index, cache)`. `masks` holds one mask per
     attention kind the model uses (full, sliding window) and `mask_index[layer]` picks this
     layer's, so layers of different kinds share one scanned body.
     """
@@ -104,20 +117,21 @@ class LlamaDecoderLayer(Module):
 
     def __call__(
         self,
-        carry: tuple[Array, Array],
+        carry: tuple[Array, Array, KVCache | None],
         cos: Array,
         sin: Array,
         masks: Array,
         mask_index: Array,
         *,
         key: PRNGKeyArray | None = None,
-    ) -> tuple[Array, Array]:
-        """`(hidden, layer)` -> `(new hidden, layer + 1)`."""
-        x, layer = carry
+    ) -> tuple[Array, Array, KVCache | None]:
+        """`(hidden, layer, cache)` -> `(new hidden, layer + 1, cache)`."""
+        x, layer, cache = carry
         mask = masks[0] if masks.shape[0] == 1 else masks[mask_index[layer]]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, key=key)
+        h, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, key=key, cache=cache)
+        x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, layer + 1
+        return x, layer + 1, cache
 
 
 def build_layer(values: Mapping[str, Any], dtype: Any, *, key: PRNGKeyArray) -> LlamaDecoderLayer:
