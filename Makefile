@@ -1,25 +1,49 @@
-# Two commands on a fresh machine with Python 3.11 and pip: `make demo` and `make test`.
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Two commands on a fresh machine with pip and Python 3.13 and 3.11 (pyenv's or on PATH):
+# `make demo` and `make test`.
+#
+# treemod is tested at both ends of its supported range: the newest JAX on the newest Python
+# (`.venv`, Python 3.13, the newest release of every package) and the oldest JAX and Python that
+# pyproject.toml admits (`.venv-oldest`, Python 3.11, the lower bounds pinned in
+# `.ci/oldest-constraints.txt`).
+
+# The newest installed Python of a minor version: pyenv's (its shims only answer for the global
+# version), else the one on PATH.
+find_python = $(or $(shell v=$$(pyenv versions --bare 2>/dev/null | grep -E '^$(subst .,\.,$(1))(\.[0-9]+)?$$' | sort -V | tail -1); [ -n "$$v" ] && PYENV_VERSION=$$v pyenv which python$(1) 2>/dev/null),$(shell command -v python$(1)))
+PYTHON ?= $(call find_python,3.13)
+PYTHON_OLDEST ?= $(call find_python,3.11)
 VENV := .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+VENV_OLDEST := .venv-oldest
+BIN_OLDEST := $(VENV_OLDEST)/bin
+OLDEST := .ci/oldest-constraints.txt
+INSTALL := -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-fast lint typecheck pytest docs serve-docs bench bench-quick clean
+.PHONY: demo test test-fast test-oldest lint typecheck pytest docs serve-docs bench bench-quick clean
 
 $(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "make: Python 3.13 not found (pyenv install 3.13, or PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+$(BIN_OLDEST)/python:
+	@test -n "$(PYTHON_OLDEST)" || { echo "make: Python 3.11 not found (pyenv install 3.11, or PYTHON_OLDEST=...)"; exit 1; }
+	$(PYTHON_OLDEST) -m venv $(VENV_OLDEST)
+	$(BIN_OLDEST)/python -m pip install --quiet --upgrade pip
+
 $(VENV)/.examples: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[examples]'
+	$(BIN)/python $(INSTALL) -e '.[examples]'
 	touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[dev,torch,examples]'
+	$(BIN)/python $(INSTALL) -e '.[dev,torch,examples]'
+	touch $@
+
+$(VENV_OLDEST)/.dev: pyproject.toml $(OLDEST) | $(BIN_OLDEST)/python
+	$(BIN_OLDEST)/python $(INSTALL) -c $(OLDEST) -e '.[dev,torch,examples]'
 	touch $@
 
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[dev,bench]'
+	$(BIN)/python $(INSTALL) -e '.[dev,bench]'
 	touch $@
 
 demo: $(VENV)/.examples
@@ -34,15 +58,23 @@ typecheck: $(VENV)/.dev
 
 # --dist loadfile: each test file runs on one worker, so its module-scoped fixtures (a mkdocs
 # build, the multi-process runs) are computed once.
-PYTEST := $(BIN)/python -m pytest -n 2 --dist loadfile tests benchmarks/tests treemod
+PYTEST_ARGS := -n 2 --dist loadfile tests benchmarks/tests treemod
+FAST := -m "not heavy and not slow"
 
+# The whole suite on the newest end (deprecation warnings raised from treemod's code are errors:
+# pyproject's filterwarnings).
 pytest: $(VENV)/.dev
-	$(PYTEST)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The edit-test loop: pytest without the tests marked heavy (processes, mypy, mkdocs, examples)
-# or slow (several libraries' models); `make test` runs everything.
+# The oldest end: the suite without the tests that start processes or tools or compile several
+# libraries' models (those test tools and references, not the JAX version).
+test-oldest: $(VENV_OLDEST)/.dev
+	$(BIN_OLDEST)/python -m pytest $(PYTEST_ARGS) $(FAST)
+
+# The edit-test loop: pytest on the newest end without the tests marked heavy (processes, mypy,
+# mkdocs, examples) or slow (several libraries' models); `make test` runs everything.
 test-fast: $(VENV)/.dev
-	$(PYTEST) -m "not heavy and not slow"
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(FAST)
 
 docs: $(VENV)/.dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
@@ -50,7 +82,7 @@ docs: $(VENV)/.dev
 serve-docs: $(VENV)/.dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-test: lint typecheck pytest docs
+test: lint typecheck pytest test-oldest docs
 
 bench: $(VENV)/.bench
 	$(BIN)/python -m benchmarks.run
@@ -59,4 +91,4 @@ bench-quick: $(VENV)/.bench
 	$(BIN)/python -m benchmarks.run --quick
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_OLDEST) site .pytest_cache .mypy_cache .ruff_cache

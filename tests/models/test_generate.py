@@ -101,6 +101,23 @@ def hf_generate(hf: Any, ids: np.ndarray, mask: np.ndarray, **kwargs: Any) -> np
     return out.numpy()
 
 
+def _finishing_rows_apart(new_tokens: np.ndarray) -> int:
+    """A token that some row generates before the last step and the rows reach at different
+    steps (or not at all)."""
+    last = new_tokens.shape[1]
+    for token in dict.fromkeys(new_tokens[:, :-1].ravel().tolist()):
+        first = [
+            int(np.argmax(row == token)) if (row == token).any() else last for row in new_tokens
+        ]
+        if len(set(first)) > 1:
+            return int(token)
+    raise AssertionError(f"no token finishes the rows at different steps in {new_tokens}")
+
+
+def _never_generated(tokens: np.ndarray) -> int:
+    return next(t for t in range(98, 0, -1) if not (tokens == t).any())
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_equals_transformers_with_padding_and_eos(name: str) -> None:
     hf_cls, config_cls, tm_cls, config = CASES[name]
@@ -108,9 +125,10 @@ def test_greedy_equals_transformers_with_padding_and_eos(name: str) -> None:
     ids, mask = prompts((2, 5, 7))
     new = 10
     plain = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=None, pad_token_id=0)
-    # End-of-sequence ids: row 0's token at step 2 and row 1's at step 6, so rows finish at
-    # different steps (or not at all) and the finished ones are padded with 99.
-    eos = sorted({int(plain[0, 7 + 2]), int(plain[1, 7 + 6])})
+    # End-of-sequence ids: a generated token that rows reach first at different steps, one of
+    # them before the last, so the rows that finish early are padded with 99 (which token does
+    # depends on the random model); and a token never generated, so several ids are given.
+    eos = [_finishing_rows_apart(plain[:, 7:]), _never_generated(plain)]
     want = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=99)
     got = generate(
         model, ids, attention_mask=mask, max_new_tokens=new, eos_token_id=eos, pad_token_id=99
