@@ -16,7 +16,8 @@ BIN := $(VENV)/bin
 VENV_OLDEST := .venv-oldest
 BIN_OLDEST := $(VENV_OLDEST)/bin
 OLDEST := .ci/oldest-constraints.txt
-INSTALL := -m pip install --quiet --disable-pip-version-check
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+PIP_OLDEST := $(BIN_OLDEST)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test test-fast test-oldest lint typecheck pytest docs serve-docs bench bench-quick clean
 
@@ -31,19 +32,19 @@ $(BIN_OLDEST)/python:
 	$(BIN_OLDEST)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.examples: pyproject.toml | $(BIN)/python
-	$(BIN)/python $(INSTALL) -e '.[examples]'
+	$(PIP) -e '.[examples]'
 	touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python $(INSTALL) -e '.[dev,torch,examples]'
+	$(PIP) -e '.[dev,torch,examples]'
 	touch $@
 
 $(VENV_OLDEST)/.dev: pyproject.toml $(OLDEST) | $(BIN_OLDEST)/python
-	$(BIN_OLDEST)/python $(INSTALL) -c $(OLDEST) -e '.[dev,torch,examples]'
+	$(PIP_OLDEST) -c $(OLDEST) -e '.[dev,torch,examples]'
 	touch $@
 
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
-	$(BIN)/python $(INSTALL) -e '.[dev,bench]'
+	$(PIP) -e '.[dev,bench]'
 	touch $@
 
 demo: $(VENV)/.examples
