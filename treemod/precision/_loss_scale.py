@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from treemod._module.module import Module, field
 from treemod._tree.filters import is_inexact_array
 
 __all__ = ["DynamicLossScale", "all_finite", "select_tree"]
+
+_MAX = float(np.finfo(np.float32).max)  # the scale is float32; it never grows past this
+
+
+def _positive(name: str, value: Any) -> float | None:
+    """`value` as a float if it is a finite positive number that float32 holds (`None` for a
+    traced array, which `adjust` builds under `jit`); else a `ValueError` naming `name`."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, jax.Array | np.ndarray) and value.shape == ():
+        if jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer):
+            value = value.item()
+    number = isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+    if number and 0 < float(value) <= _MAX:
+        return float(value)
+    raise ValueError(
+        f"DynamicLossScale: `{name}` must be positive and finite, at most float32's largest "
+        f"value {_MAX:.4g} (the scale is a float32 array); got {value!r}."
+    )
 
 
 def all_finite(tree: Any) -> Bool[Array, ""]:
@@ -68,14 +91,16 @@ class DynamicLossScale(Module):
     differentiating (`scale_loss`), divide the gradients by it (`unscale`), then `adjust`: if
     the gradients are finite the step is applied and, after `period` finite steps in a row, the
     scale grows by `factor`; if not, the step must be skipped (`select_tree`) and the scale
-    shrinks by `factor` (never below `min_scale`). Works with any optimiser: the optimiser only
-    ever sees unscaled gradients, and a skipped step keeps its state.
+    shrinks by `factor` (never below `min_scale`). Growth stops at float32's largest finite
+    value, so the scale never becomes infinite and always recovers by halving. Works with any
+    optimiser: the optimiser only ever sees unscaled gradients, and a skipped step keeps its
+    state.
 
     Arguments:
-        scale: the initial scale (`2**15` is usual).
-        period: finite steps between increases.
-        factor: the growth and shrink factor.
-        min_scale: the smallest scale.
+        scale: the initial scale (`2**15` is usual): positive and finite in float32.
+        period: finite steps between increases (a positive int).
+        factor: the growth and shrink factor (finite, above 1).
+        min_scale: the smallest scale (positive, finite, at most `scale`).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax, treemod as tm, treemod.precision as precision
@@ -110,12 +135,25 @@ class DynamicLossScale(Module):
         min_scale: float = 1.0,
         counter: int | Array = 0,
     ) -> None:
-        if isinstance(scale, int | float) and not scale > 0:
-            raise ValueError(f"DynamicLossScale: `scale` must be positive; got {scale!r}.")
-        if not isinstance(period, int) or period < 1:
+        scale_value = _positive("scale", scale)
+        if isinstance(period, bool) or not isinstance(period, int | np.integer) or period < 1:
             raise ValueError(f"DynamicLossScale: `period` must be a positive int; got {period!r}.")
-        if not factor > 1:
-            raise ValueError(f"DynamicLossScale: `factor` must be above 1; got {factor!r}.")
+        if (
+            isinstance(factor, bool | np.bool_)
+            or not isinstance(factor, int | float | np.integer | np.floating)
+            or not 1 < factor < math.inf
+        ):
+            raise ValueError(
+                f"DynamicLossScale: `factor` must be above 1 and finite; got {factor!r}."
+            )
+        min_value = _positive("min_scale", min_scale)
+        if scale_value is not None and np.float32(min_value) > np.float32(scale_value):
+            raise ValueError(
+                f"DynamicLossScale: `min_scale` ({min_scale!r}) is above the initial `scale` "
+                f"({scale!r}); the scale never goes below min_scale, so pass a min_scale at most "
+                "the scale (1.0 is usual)."
+            )
+        period = int(period)
         self.scale = jnp.asarray(scale, jnp.float32)
         self.counter = jnp.asarray(counter, jnp.int32)
         self.period = period
@@ -163,7 +201,9 @@ class DynamicLossScale(Module):
         grow = grads_finite & (self.counter + 1 >= self.period)
         scale = jnp.where(
             grads_finite,
-            jnp.where(grow, self.scale * self.factor, self.scale),
+            # Growth stops at float32's largest finite value: an infinite scale would make
+            # every later step non-finite, and halving infinity would never recover.
+            jnp.where(grow, jnp.minimum(self.scale * self.factor, _MAX), self.scale),
             jnp.maximum(self.scale / self.factor, self.min_scale),
         )
         counter = jnp.where(grads_finite & ~grow, self.counter + 1, 0)
