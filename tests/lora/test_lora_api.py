@@ -204,3 +204,48 @@ def test_dropout_needs_a_key_in_training_and_matches_a_manual_mask() -> None:
     np.testing.assert_allclose(
         evaluated(x), np.asarray(model.layers[0](x)) + (np.asarray(x) @ a.T) @ b.T, rtol=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"alpha": float("nan")}, r"`alpha` \(lora_alpha\) must be a positive number; got nan"),
+        ({"alpha": float("inf")}, r"`alpha` \(lora_alpha\) must be a positive number; got inf"),
+        ({"alpha": -2.0}, r"`alpha` \(lora_alpha\) must be a positive number; got -2.0"),
+        ({"alpha": 0}, r"`alpha` \(lora_alpha\) must be a positive number; got 0"),
+        ({"alpha": "8"}, r"`alpha` \(lora_alpha\) must be a positive number; got '8' \(a str"),
+        ({"alpha": True}, r"`alpha` \(lora_alpha\) must be a positive number; got True \(a bool"),
+        ({"r": 0}, r"`r` \(the rank\) must be a positive int; got 0"),
+        ({"r": -3}, r"`r` \(the rank\) must be a positive int; got -3"),
+        ({"r": 2.0}, r"`r` \(the rank\) must be a positive int; got 2.0"),
+        ({"r": True}, r"`r` \(the rank\) must be a positive int; got True"),
+        ({"r": 10**9}, r"`r`=1000000000 is above the larger dimension \(4\) of the layer at '0'"),
+        ({"r": 2**70}, r"`r`=1180591620717411303424 is above the larger dimension"),
+        ({"dropout": float("nan")}, r"`dropout` \(lora_dropout\) must be in \[0, 1\]; got nan"),
+        ({"dropout": 1.5}, r"`dropout` \(lora_dropout\) must be in \[0, 1\]; got 1.5"),
+        ({"dropout": -0.1}, r"`dropout` \(lora_dropout\) must be in \[0, 1\]; got -0.1"),
+        ({"dropout": "0.1"}, r"`dropout` \(lora_dropout\) must be in \[0, 1\]; got '0.1'"),
+        ({"use_rslora": "yes"}, r"`use_rslora` must be a bool; got 'yes'"),
+        ({"target_modules": "q_proj("}, r"`target_modules` 'q_proj\(' is not a regular expr"),
+    ],
+)
+def test_add_lora_refuses_bad_hyperparameters_naming_them(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    model = nn.Sequential([nn.Linear(4, 3, key=jax.random.key(0))])
+    args: dict[str, Any] = {"target_modules": ["0"], "r": 2, "alpha": 2, **kwargs}
+    with pytest.raises(ValueError, match="add_lora: " + message):
+        lora.add_lora(model, key=jax.random.key(0), **args)
+
+
+def test_add_lora_accepts_numpy_numbers_and_writes_plain_json(tmp_path: Any) -> None:
+    model = nn.Sequential([nn.Linear(4, 3, key=jax.random.key(0))])
+    tuned = lora.add_lora(
+        model, ["0"], r=np.int64(2), alpha=np.float32(3.0), dropout=np.float64(0.1),
+        key=jax.random.key(0),
+    )  # fmt: skip
+    layer = tuned.layers[0]
+    assert type(layer.r) is int and layer.r == 2 and layer.lora_alpha == 3.0
+    lora.save_adapter(tuned, tmp_path)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (2, 3.0, 0.1)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
+import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from treemod._module.state import State
@@ -19,9 +21,64 @@ from treemod.nn import Conv, Linear, Stack
 
 from ._layers import LoRAConv, LoRALayer, LoRALinear
 
-__all__ = ["add_lora", "matches_target", "rewrite_named"]
+__all__ = ["add_lora", "check_hyperparameters", "matches_target", "rewrite_named"]
 
 Targets = str | Sequence[str]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(
+        value, bool | np.bool_
+    )
+
+
+def _hint(value: Any) -> str:
+    if isinstance(value, bool | np.bool_):
+        return " (a bool is not a number here)"
+    if isinstance(value, str):
+        return " (a str: pass the number itself)"
+    return "" if _number(value) else f" (a {type(value).__name__})"
+
+
+def check_hyperparameters(
+    r: Any, alpha: Any, dropout: Any, use_rslora: Any, caller: str = "add_lora"
+) -> tuple[int, float, float, bool]:
+    """`(r, alpha, dropout, use_rslora)` as plain Python values if each is valid (`r` a
+    positive int, `alpha` a finite positive number, `dropout` in [0, 1], `use_rslora` a bool);
+    else a `ValueError` naming the argument and the value. An integral `alpha` stays an int
+    (PEFT's configs write `lora_alpha: 16`)."""
+    if isinstance(r, bool | np.bool_) or not isinstance(r, int | np.integer) or r < 1:
+        raise ValueError(f"{caller}: `r` (the rank) must be a positive int; got {r!r}{_hint(r)}.")
+    if not (_number(alpha) and 0 < float(alpha) < math.inf):
+        raise ValueError(
+            f"{caller}: `alpha` (lora_alpha) must be a positive number; got {alpha!r}"
+            f"{_hint(alpha)}. The update is scaled by alpha / r."
+        )
+    if not (_number(dropout) and 0 <= float(dropout) <= 1):
+        raise ValueError(
+            f"{caller}: `dropout` (lora_dropout) must be in [0, 1]; got {dropout!r}"
+            f"{_hint(dropout)}."
+        )
+    if not isinstance(use_rslora, bool | np.bool_):
+        raise ValueError(f"{caller}: `use_rslora` must be a bool; got {use_rslora!r}.")
+    plain_alpha = int(alpha) if isinstance(alpha, int | np.integer) else float(alpha)
+    return int(r), plain_alpha, float(dropout), bool(use_rslora)
+
+
+def _check_rank(node: Any, name: str, r: int) -> None:
+    if not hasattr(node, "weight") or getattr(node.weight, "ndim", 0) < 2:
+        return
+    if isinstance(node, Conv):
+        fan_in = int(node.in_channels) * int(np.prod(node.kernel_size))
+        fan_out = int(node.out_channels)
+    else:
+        fan_in, fan_out = int(node.weight.shape[-1]), int(node.weight.shape[-2])
+    if r > max(fan_in, fan_out):
+        raise ValueError(
+            f"add_lora: `r`={r} is above the larger dimension ({max(fan_in, fan_out)}) of the "
+            f"layer at {name!r} (fan-in {fan_in}, fan-out {fan_out}); B @ A has rank at most "
+            f"{min(fan_in, fan_out)} there, so a larger r only allocates more. Pass a smaller r."
+        )
 
 
 def matches_target(target_modules: Targets, name: str) -> bool:
@@ -132,8 +189,10 @@ def add_lora(
         The model with the selected layers wrapped.
 
     Raises:
-        ValueError: nothing matched, a matched module is not a `Linear`/`Conv`, or `r` is not
-            a positive int.
+        ValueError: nothing matched, a matched module is not a `Linear`/`Conv`, `r` is not a
+            positive int (or exceeds a selected layer's larger dimension), `alpha` is not a
+            finite positive number, `dropout` is not in [0, 1], `use_rslora` is not a bool, or
+            a `target_modules` string is not a regular expression.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod.nn as nn, treemod.lora as lora
@@ -145,9 +204,16 @@ def add_lora(
         >>> bool(jnp.allclose(tuned(jnp.ones(4)), mlp(jnp.ones(4))))
         True
     """
-    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-        raise ValueError(f"add_lora: `r` (the rank) must be a positive int; got {r!r}.")
-    if not isinstance(target_modules, str):
+    r, alpha, dropout, use_rslora = check_hyperparameters(r, alpha, dropout, use_rslora)
+    if isinstance(target_modules, str):
+        try:
+            re.compile(target_modules)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise ValueError(
+                f"add_lora: `target_modules` {target_modules!r} is not a regular expression "
+                f"({e}); pass a valid one, or a list of module names."
+            ) from None
+    else:
         if isinstance(target_modules, bytes) or not all(isinstance(t, str) for t in target_modules):
             raise ValueError(
                 "add_lora: `target_modules` must be a regular expression (str) or a list of "
@@ -166,6 +232,7 @@ def add_lora(
         found.append(name)
         k = jax.random.fold_in(key, next(counter))
         common: dict[str, Any] = dict(r=r, alpha=alpha, dropout=dropout, use_rslora=use_rslora)
+        _check_rank(node, name, r)
         if isinstance(node, Linear):
             if node.in_features == "scalar" or node.out_features == "scalar":
                 raise ValueError(f"add_lora: the Linear at {name!r} has a scalar input or output.")
