@@ -203,3 +203,37 @@ def test_torch_module_with_conv_and_linear_matches_peft(tmp_path: Any) -> None:
     merged = lora.merge(tuned)
     assert type(merged.conv).__name__ == "Conv2d"
     assert relative_error(merged(x), want) <= RTOL
+
+
+@pytest.mark.parametrize("extra", [{}, {"use_rslora": True}])
+def test_loading_into_adapters_of_another_alpha_takes_the_files_as_peft(
+    extra: dict[str, Any], tmp_path: Any
+) -> None:
+    hf, model = pair("llama")
+    reference = peft_model(hf, ["q_proj", "v_proj"], 4, 8, **extra)
+    randomise_peft_b(reference)
+    reference.save_pretrained(tmp_path)
+    # Adapters of the same rank and modules, but another alpha and the other rslora setting.
+    other = lora.add_lora(
+        model, ["q_proj", "v_proj"], r=4, alpha=32, use_rslora=not extra, key=jax.random.key(5)
+    )
+    tuned = lora.load_adapter(other, tmp_path)
+    layer = tuned.model.layers.layers.self_attn.q_proj
+    assert (layer.lora_alpha, layer.use_rslora) == (8, bool(extra))
+    assert relative_error(tuned(input_ids=IDS), hf_logits(reference, IDS)) <= RTOL
+
+
+def test_loading_another_rank_names_only_the_adapter_tensors(tmp_path: Any) -> None:
+    hf, model = pair("llama")
+    reference = peft_model(hf, ["q_proj", "v_proj"], 4, 8)
+    reference.save_pretrained(tmp_path)
+    other = lora.add_lora(model, ["q_proj", "v_proj"], r=2, alpha=8, key=jax.random.key(5))
+    with pytest.raises(tm.CheckpointError) as info:
+        lora.load_adapter(other, tmp_path)
+    message = str(info.value)
+    assert "the file's rank is 4, the model's 2" in message
+    assert (
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight: the file has [4, 32], "
+        "the model's adapter needs [2, 32]"
+    ) in message
+    assert "missing" not in message and "base_layer" not in message and "embed" not in message

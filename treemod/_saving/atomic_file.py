@@ -17,6 +17,11 @@ with a file. A file the user may not write (a checkpoint made read-only to keep 
 as `open(path, "wb")` refuses it; root may write it, as with `open`. A name too long for the
 temporary's decorations gets a temporary named from a shortened stem plus a hash of the full
 name, so any name that fits the file system can be saved.
+
+Files that belong together (an adapter's config and weights) are written with
+`replace_set_atomically`: every temporary is written and fsynced before the first rename, and
+the old files are kept as hard links until the last rename succeeded (put back if one fails),
+so an interrupted save leaves the old set whole.
 """
 
 from __future__ import annotations
@@ -28,12 +33,18 @@ import secrets
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from treemod._saving.errors import CheckpointError
 
-__all__ = ["STALE_AFTER_S", "replace_atomically", "special_file_kind", "temporary_name"]
+__all__ = [
+    "STALE_AFTER_S",
+    "replace_atomically",
+    "replace_set_atomically",
+    "special_file_kind",
+    "temporary_name",
+]
 
 STALE_AFTER_S = 24 * 3600  # a temporary untouched this long is stale whatever wrote it
 _HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
@@ -144,14 +155,11 @@ def _check_replaceable(path: str, target: str, info: os.stat_result, caller: str
         )
 
 
-def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: str = "save") -> None:
-    """Write a file with `write(f)` and put it at `path` in one rename.
-
-    Arguments:
-        path: where the file goes; a symbolic link is followed to the file it names.
-        write: writes the contents to a binary file (seekable).
-        caller: the public function that saves, named in the errors.
-    """
+def _create_temporary(path: str, caller: str) -> tuple[str, str, int, int | None]:
+    """Check that `path` may be replaced and create its temporary beside it (see the module
+    docstring). Returns `(target, temporary, fd, mode)`: the file the path names (links
+    followed), the temporary's path, its open descriptor, and the old file's permission bits
+    (`None` for a new file)."""
     target = os.path.realpath(path)  # write through symbolic links
     directory, base = os.path.split(target)
     if not os.path.isdir(directory):
@@ -176,19 +184,111 @@ def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: st
             break
         except FileExistsError:
             continue
+    if mode is not None and hasattr(os, "fchmod"):
+        try:
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+    return target, tmp, fd, mode
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def replace_atomically(path: str, write: Callable[[IO[bytes]], None], caller: str = "save") -> None:
+    """Write a file with `write(f)` and put it at `path` in one rename.
+
+    Arguments:
+        path: where the file goes; a symbolic link is followed to the file it names.
+        write: writes the contents to a binary file (seekable).
+        caller: the public function that saves, named in the errors.
+    """
+    target, tmp, fd, _ = _create_temporary(path, caller)
+    directory, base = os.path.split(target)
     try:
         with os.fdopen(fd, "wb") as f:
-            if mode is not None and hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), mode)
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _unlink_quietly(tmp)
         raise
     _fsync_directory(directory)
     _remove_stale(directory, base)
+
+
+def replace_set_atomically(
+    files: Sequence[tuple[str, Callable[[str], object]]], caller: str = "save"
+) -> None:
+    """Write several files that belong together (a config and its weights) so that a failure
+    at any point leaves the old set whole: every new file is written to its temporary and
+    fsynced first (`write(temporary_path)` writes one: a writer that takes a path, such as
+    `safetensors.numpy.save_file`); only then are they renamed into place, the old files kept
+    as hard links until all renames succeeded and put back if one fails.
+
+    Arguments:
+        files: `(path, write)` pairs, written and renamed in this order.
+        caller: the public function that saves, named in the errors.
+    """
+    made: list[tuple[str, str]] = []  # (target, temporary)
+    try:
+        for path, write in files:
+            target, tmp, fd, _ = _create_temporary(path, caller)
+            os.close(fd)
+            made.append((target, tmp))
+            write(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except BaseException:
+        for _, tmp in made:
+            _unlink_quietly(tmp)
+        raise
+    backups: dict[str, str | None] = {}  # target -> a hard link to its old file, if any
+    done: list[str] = []
+    try:
+        for target, _ in made:
+            backup: str | None = None
+            if os.path.exists(target):
+                directory, base = os.path.split(target)
+                backup = os.path.join(directory, temporary_name(base))
+                try:
+                    os.link(target, backup)
+                except OSError:
+                    backup = None  # no hard links here: the old file cannot be put back
+            backups[target] = backup
+        for target, tmp in made:
+            os.replace(tmp, target)
+            done.append(target)
+    except BaseException:
+        for target in reversed(done):  # put the old set back
+            old = backups.get(target)
+            try:
+                if old is not None:
+                    os.rename(old, target)
+                else:
+                    os.unlink(target)
+            except OSError:
+                pass
+        for _, tmp in made:
+            _unlink_quietly(tmp)
+        for old in backups.values():
+            if old is not None:
+                _unlink_quietly(old)
+        raise
+    for old in backups.values():
+        if old is not None:
+            _unlink_quietly(old)
+    for directory in {os.path.dirname(target) for target, _ in made}:
+        _fsync_directory(directory)
+    for target, _ in made:
+        _remove_stale(*os.path.split(target))

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from treemod._saving.atomic_file import replace_set_atomically
 from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_read import open_checkpoint
 from treemod._state_dict.api import load_state_dict, state_dict
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import expected_tensors
 
 from ._layers import LoRALayer, LoRALinear
 from ._merge import is_lora_layer
-from ._select import add_lora, rewrite_named
+from ._select import rewrite_named, wrap_targets
 
 __all__ = ["load_adapter", "save_adapter"]
 
@@ -25,6 +30,9 @@ CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 _PARTS = (".lora_A.", ".lora_B.")
+MAX_CONFIG_BYTES = 1 << 24  # an adapter_config.json is a few hundred bytes; refuse a huge one
+# PEFT's defaults (LoraConfig) for the values a config may leave out.
+_DEFAULTS: dict[str, Any] = {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0, "use_rslora": False}
 
 # Config values of PEFT's LoraConfig that change what an adapter computes, with the value
 # treemod implements (anything else is refused by name rather than loaded as something else).
@@ -127,22 +135,65 @@ def save_adapter(
     }
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    # Config and weights are written as a set: both to temporaries first, then renamed, so a
+    # failure (a full disk) leaves the old adapter whole (see atomic_file.py).
+    replace_set_atomically(
+        [
+            (str(out / CONFIG), lambda tmp: Path(tmp).write_text(text)),
+            (str(out / WEIGHTS), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
+        ],
+        caller="save_adapter",
+    )
+
+
+def _bad(file: Path, key: str, value: Any, want: str) -> CheckpointError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return CheckpointError(
+        f"load_adapter: {file}: {key!r} must be {want}; it is {shown}. Fix the file (PEFT "
+        "writes it with LoraConfig.save_pretrained) or save the adapter again."
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """`adapter_config.json`, every value treemod uses checked for type, range and finiteness
+    (the rank is checked against the weights' shapes before anything is allocated)."""
     file = path / CONFIG
     if not file.is_file():
         raise CheckpointError(
             f"load_adapter: {file} does not exist; an adapter directory holds {CONFIG} and "
             f"{WEIGHTS}."
         )
-    config: dict[str, Any] = json.loads(file.read_text())
-    if config.get("peft_type", "LORA") != "LORA":
+    try:
+        size = file.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise CheckpointError(
+                f"load_adapter: {file} is {size:,} bytes long; an adapter config is a small JSON "
+                f"object (at most {MAX_CONFIG_BYTES:,} bytes are read). The file is damaged."
+            )
+        raw = file.read_bytes()[: MAX_CONFIG_BYTES + 1]
+        config = json.loads(raw.decode("utf-8"))
+    except CheckpointError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(
-            f"load_adapter: {file} has peft_type={config.get('peft_type')!r}; treemod.lora "
-            "reads LORA adapters."
+            f"load_adapter: {file} is not a valid JSON adapter config ({type(e).__name__}: "
+            f"{str(e)[:200]}); fix it or save the adapter again."
+        ) from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"load_adapter: {file} holds a JSON {type(config).__name__}, not an object; an "
+            "adapter config is an object with keys such as 'r', 'lora_alpha', 'target_modules'."
+        )
+    peft_type = config.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise CheckpointError(
+            f"load_adapter: {file} has peft_type={peft_type!r}; treemod.lora reads LORA adapters."
         )
     for k, want in _REQUIRED.items():
         got = config.get(k, want)
@@ -155,7 +206,102 @@ def _read_config(path: Path) -> dict[str, Any]:
                 f"load_adapter: {file} sets {k}={got!r}; treemod.lora implements only {k}={want!r} "
                 "(plain LoRA on Linear and Conv layers)."
             )
-    return config
+    if "target_modules" not in config or config["target_modules"] is None:
+        raise CheckpointError(
+            f"load_adapter: {file} has no 'target_modules'; treemod needs the adapted modules' "
+            "names (a list of names, or a regular expression) to place the adapters."
+        )
+    targets = config["target_modules"]
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise _bad(file, "target_modules", targets, f"a regular expression ({e})") from None
+    elif not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
+        raise _bad(file, "target_modules", targets, "a non-empty list of module names or a str")
+    out: dict[str, Any] = {"target_modules": targets}
+    values = {k: config.get(k, default) for k, default in _DEFAULTS.items()}
+    r = values["r"]
+    if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
+        raise _bad(file, "r", r, "a positive int (the rank)")
+    alpha = values["lora_alpha"]
+    if not (_is_number(alpha) and 0 < alpha < math.inf):
+        raise _bad(file, "lora_alpha", alpha, "a finite positive number")
+    dropout = values["lora_dropout"]
+    if not (_is_number(dropout) and 0 <= dropout <= 1):
+        raise _bad(file, "lora_dropout", dropout, "a number in [0, 1]")
+    if not isinstance(values["use_rslora"], bool):
+        raise _bad(file, "use_rslora", values["use_rslora"], "true or false")
+    fan = config.get("fan_in_fan_out", False)
+    if not isinstance(fan, bool):
+        raise _bad(file, "fan_in_fan_out", fan, "true or false")
+    out.update(values)
+    out["lora_dropout"] = float(dropout)
+    return out
+
+
+def _check_ranks(weights: Path, shapes: dict[str, tuple[int, ...]], r: int, file: Path) -> None:
+    """Each tensor of the file is an adapter's A or B of rank `r` (A: `(r, in, ...)`, B:
+    `(out, r, ...)`): the config's `r` is checked against the data before anything is built."""
+    for name, shape in sorted(shapes.items()):
+        part = ".lora_A." if ".lora_A." in name else ".lora_B." if ".lora_B." in name else None
+        if part is None:
+            continue  # an unexpected tensor: named with the others below
+        axis = 0 if part == ".lora_A." else 1
+        if len(shape) < 2 or shape[axis] != r:
+            raise CheckpointError(
+                f"load_adapter: {file} says 'r': {r}, but tensor {PREFIX + name!r} of {weights} "
+                f"has shape {list(shape)} (a {part.strip('.')} weight of rank r has shape "
+                f"{'[r, in, ...]' if axis == 0 else '[out, r, ...]'}). The config and the "
+                "weights do not belong together: fix 'r' or save the adapter again."
+            )
+
+
+def _read_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """The tensors' shapes, from the validated header (no tensor is read)."""
+    try:
+        with open_checkpoint(weights, allow_foreign=True) as reader:
+            return {i.name: tuple(i.shape) for i in reader.tensors.values()}
+    except CheckpointError as e:
+        raise CheckpointError(f"load_adapter: {e}") from None
+
+
+def _load_arrays(weights: Path, names: set[str]) -> dict[str, np.ndarray]:
+    try:
+        with open_checkpoint(weights, allow_foreign=True) as reader:
+            out = {}
+            for name in sorted(names):
+                info = reader.tensors[name]
+                buf = reader.read_bytes(info)
+                reader.check(info, buf)
+                out[name] = reader.as_array(info, buf)
+            return out
+    except CheckpointError as e:
+        raise CheckpointError(f"load_adapter: {e}") from None
+
+
+def _take_config(model: Any, config: dict[str, Any], file: Path) -> Any:
+    """The model's adapters with the file's `lora_alpha`, `use_rslora` and `lora_dropout` (as
+    PEFT, where these travel with the adapter); a merged one is refused."""
+
+    def visit(node: Any, name: str) -> Any:
+        if not is_lora_layer(node):
+            return None
+        if node.merged:
+            raise CheckpointError(
+                f"load_adapter: the LoRA layer at {name!r} is merged into its weight; loading "
+                f"{file.parent} would leave the old update in it. Call treemod.lora.unmerge(model) "
+                "(or unload) first."
+            )
+        dropout = dataclasses.replace(node.lora_dropout, p=config["lora_dropout"])
+        return dataclasses.replace(
+            node,
+            lora_alpha=config["lora_alpha"],
+            use_rslora=config["use_rslora"],
+            lora_dropout=dropout,
+        )
+
+    return rewrite_named(model, visit)
 
 
 def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
@@ -163,12 +309,16 @@ def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
     `save_adapter`) into a model.
 
     A model without adapters gets them first, as the config says (`target_modules`, `r`,
-    `lora_alpha`, `lora_dropout`, `use_rslora`); a model with adapters has their arrays
-    replaced. Every tensor of the file must find its place and every adapter its tensor, else
-    one `treemod.CheckpointError` names them.
+    `lora_alpha`, `lora_dropout`, `use_rslora`). A model with adapters has their arrays
+    replaced and takes the file's `lora_alpha`, `use_rslora` and `lora_dropout`, as PEFT does
+    (these belong to the adapter); its adapters' shapes (rank, modules) must match the file's.
+    Every value of the config is checked (type, range, finiteness), and its rank against the
+    weights' shapes, before anything is allocated; every tensor of the file must find its
+    place and every adapter its tensor. Each problem is one `treemod.CheckpointError` naming
+    the file and the key or tensor.
 
     Arguments:
-        model: the base model (or one with matching adapters).
+        model: the base model (or one with adapters of the same rank and modules).
         path: the directory.
 
     Returns:
@@ -183,31 +333,41 @@ def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
         >>> bool(jnp.array_equal(back.layers[0].lora_A.weight, tuned.layers[0].lora_A.weight))
         True
     """
-    from safetensors.numpy import load_file
-
     where = Path(path)
     config = _read_config(where)
+    file = where / CONFIG
     weights = where / WEIGHTS
     if not weights.is_file():
         raise CheckpointError(f"load_adapter: {weights} does not exist.")
-    if not _adapted(model):
-        model = add_lora(
-            model,
-            config["target_modules"],
-            int(config["r"]),
-            config.get("lora_alpha", 8),
-            dropout=float(config.get("lora_dropout", 0.0)),
-            use_rslora=bool(config.get("use_rslora", False)),
-            key=jax.random.key(0),
-        )
-    raw = load_file(str(weights))
-    outside = sorted(k for k in raw if not k.startswith(PREFIX))
-    tensors = {k[len(PREFIX) :]: v for k, v in raw.items() if k.startswith(PREFIX)}
-    wanted = {
-        name for name in expected_tensors(model, NATIVE_HOOKS) if any(p in name for p in _PARTS)
+    shapes = _read_shapes(weights)
+    outside = sorted(k for k in shapes if not k.startswith(PREFIX))
+    found = {k[len(PREFIX) :]: v for k, v in shapes.items() if k.startswith(PREFIX)}
+    _check_ranks(weights, found, config["r"], file)
+    if _adapted(model):
+        model = _take_config(model, config, file)
+    else:
+        try:
+            model = wrap_targets(
+                model,
+                config["target_modules"],
+                config["r"],
+                config["lora_alpha"],
+                dropout=config["lora_dropout"],
+                use_rslora=config["use_rslora"],
+                key=jax.random.key(0),
+                bound_rank=False,  # the rank is the file's tensors', checked above
+            )
+        except ValueError as e:
+            raise CheckpointError(
+                f"load_adapter: {file}: 'target_modules' does not fit the model: {e}"
+            ) from None
+    expected = {
+        name: tuple(s.shape)
+        for name, s in expected_tensors(model, NATIVE_HOOKS).items()
+        if any(p in name for p in _PARTS)
     }
-    missing = sorted(wanted - set(tensors))
-    unexpected = sorted(set(tensors) - wanted)
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
     if missing or unexpected or outside:
         raise CheckpointError(
             f"load_adapter: {weights} does not fit the model's adapters: "
@@ -215,7 +375,26 @@ def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
             f"unexpected {(outside + [PREFIX + u for u in unexpected])[:5]} (adapter tensors are "
             f"named '{PREFIX}<module>.lora_A.weight'; check target_modules and the model class)."
         )
-    loaded, report = load_state_dict(model, tensors, strict=False)
+    wrong = [
+        f"{PREFIX + n}: the file has {list(found[n])}, the model's adapter needs {list(s)}"
+        for n, s in sorted(expected.items())
+        if found[n] != s
+    ]
+    if wrong:
+        ranks = sorted({m.r for m in _adapted(model).values()})
+        raise CheckpointError(
+            f"load_adapter: {weights} does not fit the model's adapters (the file's rank is "
+            f"{config['r']}, the model's {ranks if len(ranks) > 1 else ranks[0]}): "
+            + "; ".join(wrong[:6])
+            + (" ..." if len(wrong) > 6 else "")
+            + ". Load it into the model without adapters (treemod.lora.unload) to take the "
+            "file's rank."
+        )
+    tensors = _load_arrays(weights, {PREFIX + n for n in found})
+    loaded, report = load_state_dict(
+        model, {k[len(PREFIX) :]: v for k, v in tensors.items()}, strict=False
+    )
     if report.mismatched or report.unexpected:
-        raise CheckpointError(f"load_adapter: {weights}: {report.describe()}")
+        problems = [m.reason for m in report.mismatched] + list(report.unexpected)
+        raise CheckpointError(f"load_adapter: {weights}: {'; '.join(problems[:6])}")
     return loaded

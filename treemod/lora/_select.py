@@ -21,7 +21,13 @@ from treemod.nn import Conv, Linear, Stack
 
 from ._layers import LoRAConv, LoRALayer, LoRALinear
 
-__all__ = ["add_lora", "check_hyperparameters", "matches_target", "rewrite_named"]
+__all__ = [
+    "add_lora",
+    "check_hyperparameters",
+    "matches_target",
+    "rewrite_named",
+    "wrap_targets",
+]
 
 Targets = str | Sequence[str]
 
@@ -204,6 +210,24 @@ def add_lora(
         >>> bool(jnp.allclose(tuned(jnp.ones(4)), mlp(jnp.ones(4))))
         True
     """
+    return wrap_targets(
+        model, target_modules, r, alpha, dropout=dropout, use_rslora=use_rslora, key=key
+    )
+
+
+def wrap_targets(
+    model: Any,
+    target_modules: Targets,
+    r: int,
+    alpha: float,
+    *,
+    dropout: float,
+    use_rslora: bool,
+    key: PRNGKeyArray,
+    bound_rank: bool = True,
+) -> Any:
+    """`add_lora`; with `bound_rank=False` a rank above a layer's dimensions is allowed
+    (`load_adapter`, whose rank is that of the file's tensors, which it has checked)."""
     r, alpha, dropout, use_rslora = check_hyperparameters(r, alpha, dropout, use_rslora)
     if isinstance(target_modules, str):
         try:
@@ -232,7 +256,8 @@ def add_lora(
         found.append(name)
         k = jax.random.fold_in(key, next(counter))
         common: dict[str, Any] = dict(r=r, alpha=alpha, dropout=dropout, use_rslora=use_rslora)
-        _check_rank(node, name, r)
+        if bound_rank:
+            _check_rank(node, name, r)
         if isinstance(node, Linear):
             if node.in_features == "scalar" or node.out_features == "scalar":
                 raise ValueError(f"add_lora: the Linear at {name!r} has a scalar input or output.")
