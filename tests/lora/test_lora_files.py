@@ -242,3 +242,22 @@ def test_fuzzed_configs_load_correctly_or_raise_the_clear_error(
     assert jnp.array_equal(layer.lora_A.weight, want.lora_A.weight)
     assert jnp.array_equal(layer.lora_B.weight, want.lora_B.weight)
     assert layer.scaling == alpha / (math.sqrt(2) if rslora else 2)
+
+
+def test_loading_into_merged_adapters_is_refused(tmp_path: Path) -> None:
+    lora.save_adapter(_tuned(), tmp_path)
+    merged = lora.merge(_tuned(seed=4), keep_adapters=True)
+    with pytest.raises(tm.CheckpointError, match=r"LoRA layer at '0' is merged.*unmerge"):
+        lora.load_adapter(merged, tmp_path)
+
+
+def test_a_weights_file_with_tensors_of_no_rank_is_refused_by_tensor(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    lora.save_adapter(_tuned(), tmp_path)
+    weights = tmp_path / "adapter_model.safetensors"
+    save_file({"base_model.model.0.lora_A.weight": np.zeros(2, np.float32)}, str(weights))
+    with pytest.raises(
+        tm.CheckpointError, match=r"tensor 'base_model.model.0.lora_A.weight' .* has shape \[2\]"
+    ):
+        lora.load_adapter(_model(), tmp_path)
