@@ -3,6 +3,7 @@ Stacks, training only the adapters under filter_jit, and every error path."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -249,3 +250,16 @@ def test_add_lora_accepts_numpy_numbers_and_writes_plain_json(tmp_path: Any) -> 
     lora.save_adapter(tuned, tmp_path)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (2, 3.0, 0.1)
+
+
+def test_lora_layers_built_directly_check_their_values() -> None:
+    base = nn.Linear(4, 3, key=jax.random.key(0))
+    with pytest.raises(
+        ValueError, match=r"LoRALinear: `lora_alpha` must be a finite positive .*nan"
+    ):
+        lora.LoRALinear.wrap(base, r=2, alpha=float("nan"), key=jax.random.key(1))
+    with pytest.raises(ValueError, match=r"LoRALinear: `r` \(the rank\) must be a positive int"):
+        dataclasses.replace(lora.LoRALinear.wrap(base, r=2, alpha=2, key=jax.random.key(1)), r=0)
+    conv = nn.Conv2d(3, 4, 3, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"LoRAConv: `use_rslora` must be a bool; got 'no'"):
+        lora.LoRAConv.wrap(conv, r=2, alpha=2, use_rslora="no", key=jax.random.key(1))  # type: ignore[arg-type]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, PRNGKeyArray
 
 from treemod._module.module import Module, field
@@ -42,6 +44,22 @@ class LoRALayer(Module):
     lora_alpha: float = field(static=True)
     use_rslora: bool = field(static=True, default=False)
     merged: bool = field(static=True, default=False)
+
+    def __check_init__(self) -> None:
+        owner = type(self).__name__
+        r, alpha = self.r, self.lora_alpha
+        if isinstance(r, bool | np.bool_) or not isinstance(r, int | np.integer) or r < 1:
+            raise ValueError(f"{owner}: `r` (the rank) must be a positive int; got {r!r}.")
+        number = isinstance(alpha, int | float | np.integer | np.floating) and not isinstance(
+            alpha, bool | np.bool_
+        )
+        if not (number and 0 < float(alpha) < math.inf):
+            raise ValueError(
+                f"{owner}: `lora_alpha` must be a finite positive number; got {alpha!r} (the "
+                "update is scaled by lora_alpha / r)."
+            )
+        if not isinstance(self.use_rslora, bool | np.bool_):
+            raise ValueError(f"{owner}: `use_rslora` must be a bool; got {self.use_rslora!r}.")
 
     @property
     def scaling(self) -> float:
