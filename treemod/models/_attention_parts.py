@@ -1,11 +1,12 @@
-"""What the causal language models share: their inputs, masks, and attention as a function.
+"""Attention as one function, and what the language models share: their inputs and masks.
 
-`attend(q, k, v, mask, scale=...)` is the whole of attention once the projections are done: a
-key-value cache (prefill, then one token per step) threads in by giving it longer `k`, `v` and
-the matching mask, without touching the layers. Masks are boolean `(batch, 1, q_len, kv_len)`
-(True where a query may attend), built as `transformers`' `create_causal_mask` builds them: causal,
-optionally within a sliding window, and either padded (a 2-D `attention_mask`) or split into the
-packed sequences that explicit `position_ids` without a mask describe.
+`attend(q, k, v, mask, scale=...)` is the whole of attention once the projections are done,
+for every family (mask or bias, soft-capping, grouped-query heads): a key-value cache (prefill,
+then one token per step) threads in by giving it longer `k`, `v` and the matching mask. Masks
+are boolean `(batch, 1, q_len, kv_len)` (True where a query may attend), built as
+`transformers`' `create_causal_mask` builds them: causal, optionally within a sliding window,
+and either padded (a 2-D `attention_mask`) or split into the packed sequences that explicit
+`position_ids` without a mask describe.
 """
 
 from __future__ import annotations
@@ -132,16 +133,23 @@ def attend(
     mask: Array | None,
     *,
     scale: float | Array,
+    bias: Array | None = None,
+    softcap: float | None = None,
     dropout: nn.Dropout | None = None,
     key: PRNGKeyArray | None = None,
-    float32_scores: bool = False,
+    scores: str = "float32",
 ) -> Array:
     """Scaled dot-product attention with grouped-query heads, as `transformers`' eager attention.
 
-    `scores = (q @ k^T) * scale`, masked positions set to float32's lowest value (as
-    `transformers`' eager masks do, so a query with no key to attend, a padded one, averages all
-    values rather than giving NaN), a float32 softmax, dropout on the probabilities, then the
-    weighted sum of values. Query head `h` reads key-value head `h // (heads // kv_heads)`.
+    The one attention of the zoo. `scores = (q @ k^T) * scale`, soft-capped
+    (`softcap * tanh(scores / softcap)`) when asked, plus `bias`; masked positions set to the
+    lowest float (as `transformers`' eager masks do, so a query with no key to attend, a padded
+    one, averages all values rather than giving NaN); a float32 softmax, dropout on the
+    probabilities, then the weighted sum of values. Query head `h` reads key-value head
+    `h // (heads // kv_heads)`. Sliding windows and causality are in `mask` (`causal_mask`, a
+    cache's `mask`). Without active dropout or soft-capping, with a number `scale`, float32
+    scores and as many key-value heads as query heads, this is `jax.nn.dot_product_attention`
+    (the same numbers).
 
     Arguments:
         q: queries `(batch, q_len, heads, head_dim)`.
@@ -149,9 +157,13 @@ def attend(
         v: values `(batch, kv_len, kv_heads, head_dim)`.
         mask: `None` or booleans broadcasting to `(batch, 1, q_len, kv_len)`, True to attend.
         scale: the factor on the scores (a number, or a scalar array).
+        bias: `None` or an additive bias `(batch or 1, heads or 1, q_len or 1, kv_len)`.
+        softcap: `None`, or the soft cap of the scores.
         dropout: dropout on the probabilities (identity in inference mode).
         key: the dropout key.
-        float32_scores: compute `q @ k^T` itself in float32 (GPT-2's `reorder_and_upcast_attn`).
+        scores: `"float32"`: `q @ k^T` accumulated in float32; `"float32_inputs"`: q and k
+            made float32 first (GPT-2's `reorder_and_upcast_attn`); `"input"`: `q @ k^T` and its
+            scaling in the inputs' dtype, then made float32 at least (BERT's, ViT's).
 
     Returns:
         `(batch, q_len, heads, head_dim)` in `v`'s dtype.
@@ -163,22 +175,49 @@ def attend(
         >>> attend(q, kv, kv, None, scale=8**-0.5).shape
         (1, 3, 4, 8)
     """
+    # jax.nn.dot_product_attention runs grouped heads in another order (other last bits).
+    same_heads = q.shape[2] == k.shape[2] and q.dtype == k.dtype == v.dtype
+    float32 = scores == "float32" or q.dtype == jnp.float32
+    plain = softcap is None and not _drops(dropout) and isinstance(scale, int | float)
+    if plain and same_heads and float32:
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=float(scale))
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     groups = heads // kv_heads
     qg = q.reshape(batch, q_len, kv_heads, groups, head_dim)
-    if float32_scores:
+    if scores == "float32_inputs":
         qg, k = qg.astype(jnp.float32), k.astype(jnp.float32)
-    scores = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * scale
+    if scores == "input":
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k) * jnp.asarray(scale, q.dtype)
+        s = s.astype(jnp.float32 if jnp.finfo(s.dtype).bits < 32 else s.dtype)
+    else:
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32)
+        s = s * scale
+    if softcap is not None:
+        s = jnp.tanh(s / softcap) * softcap
+    if bias is not None:
+        s = s + _grouped(bias, kv_heads).astype(s.dtype)
     if mask is not None:
-        low = jnp.finfo(scores.dtype).min
-        scores = jnp.where(mask[:, :, None], scores, low)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        s = jnp.where(_grouped(mask, kv_heads), s, jnp.finfo(s.dtype).min)
+    probs = jax.nn.softmax(s, axis=-1).astype(v.dtype)
     if dropout is not None:
         probs = dropout(probs, key=key)
     out = jnp.einsum("bhgqk,bkhd->bqhgd", probs, v)
     return out.reshape(batch, q_len, heads, head_dim)
+
+
+def _drops(dropout: nn.Dropout | None) -> bool:
+    """Whether `dropout` may drop anything (not in inference mode, `p` not zero)."""
+    if dropout is None or dropout.inference:
+        return False
+    return not (isinstance(dropout.p, int | float) and dropout.p == 0)
+
+
+def _grouped(x: Array, kv_heads: int) -> Array:
+    """A `(batch, heads or 1, q, k)` mask or bias as `(batch, kv_heads or 1, groups or 1, q, k)`."""
+    if x.ndim < 4 or x.shape[1] == 1:
+        return jnp.expand_dims(x, -3)
+    return x.reshape(x.shape[0], kv_heads, x.shape[1] // kv_heads, *x.shape[2:])
 
 
 def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:

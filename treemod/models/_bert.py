@@ -21,6 +21,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 
+from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import (
     BertEmbeddings,
@@ -30,65 +31,43 @@ from ._bert_layers import (
     BertPooler,
     BertPredictionHeadTransform,
     attention_bias,
-    config_value,
     make_encoder_layer,
-    num_labels,
-    split_key,
 )
+from ._config_values import Value, num_labels, read_config
 from ._hf_activations import hf_activation
 
 __all__ = ["BertModel", "BertForMaskedLM", "BertForSequenceClassification"]
 
-# `transformers.BertConfig`'s defaults, for the keys these classes read.
-_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1,
-    "attention_probs_dropout_prob": 0.1,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-    "layer_norm_eps": 1e-12,
-    "pad_token_id": 0,
-    "classifier_dropout": None,
-    "is_decoder": False,
-    "add_cross_attention": False,
-    "tie_word_embeddings": True,
-    "position_embedding_type": "absolute",
+# The values these classes read, with `transformers.BertConfig`'s defaults.
+_VALUES: dict[str, Value] = {
+    "vocab_size": Value(30522, "size"),
+    "hidden_size": Value(768, "size"),
+    "num_hidden_layers": Value(12, "size"),
+    "num_attention_heads": Value(12, "size"),
+    "intermediate_size": Value(3072, "size"),
+    "hidden_act": Value("gelu"),
+    "hidden_dropout_prob": Value(0.1, "prob"),
+    "attention_probs_dropout_prob": Value(0.1, "prob"),
+    "max_position_embeddings": Value(512, "size"),
+    "type_vocab_size": Value(2, "size"),
+    "layer_norm_eps": Value(1e-12, "positive"),
+    "pad_token_id": Value(0),
+    "classifier_dropout": Value(None, "prob", nullable=True),
+    "is_decoder": Value(False, "bool"),
+    "add_cross_attention": Value(False, "bool"),
+    "tie_word_embeddings": Value(True, "bool"),
+    "position_embedding_type": Value("absolute"),
 }
 
 
 def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
     """The config values BERT reads, checked; refused values raise `CheckpointError`."""
-
-    def get(key: str, kind: str) -> Any:
-        return config_value(cls_name, config, _DEFAULTS, key, kind)
-
-    c = {
-        k: get(k, "size")
-        for k in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        )
-    }
-    c["hidden_act"] = get("hidden_act", "any")
+    c = read_config(cls_name, config, _VALUES)
     hf_activation(cls_name, "hidden_act", c["hidden_act"])
-    c["hidden_dropout_prob"] = get("hidden_dropout_prob", "prob")
-    c["attention_probs_dropout_prob"] = get("attention_probs_dropout_prob", "prob")
-    c["layer_norm_eps"] = get("layer_norm_eps", "positive")
-    c["tie_word_embeddings"] = get("tie_word_embeddings", "bool")
     for key in ("is_decoder", "add_cross_attention"):
-        if get(key, "bool"):
+        if c[key]:
             raise config_error(cls_name, key, True, "false: BERT as a bidirectional encoder")
-    position = get("position_embedding_type", "any")
+    position = c["position_embedding_type"]
     if position != "absolute":
         # transformers 5 reads no such key and computes absolute positions; a checkpoint trained
         # with relative positions would silently give other numbers.
@@ -100,16 +79,11 @@ def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
             c["num_attention_heads"],
             f"a divisor of hidden_size={c['hidden_size']}",
         )
-    pad = get("pad_token_id", "any")
+    pad = c["pad_token_id"]
     if pad is not None and not (
         isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < c["vocab_size"]
     ):
         raise config_error(cls_name, "pad_token_id", pad, "null or a token id below vocab_size")
-    c["pad_token_id"] = pad
-    dropout = get("classifier_dropout", "any")
-    if dropout is not None:
-        dropout = get("classifier_dropout", "prob")
-    c["classifier_dropout"] = dropout
     return c
 
 

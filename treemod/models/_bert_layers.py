@@ -2,13 +2,12 @@
 
 Attribute names are `transformers`' module names (`attention.self.query`, `LayerNorm`, ...), so
 `tm.state_dict` names each array as `transformers`' `state_dict()` does. The encoder's layers are
-one `nn.Stack` at `encoder.layer`. Attention is `dot_product_attention`, a function of
-`(q, k, v, bias)`, so that a cache can be threaded in later.
+one `nn.Stack` at `encoder.layer`. Attention is `attend_encoder`, the zoo's one attention
+(`_attention_parts.attend`) with an additive bias and BERT's score precision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -19,7 +18,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 
-from ._base import PretrainedConfig, config_error
+from ._attention_parts import attend, split_key
 from ._hf_activations import get_activation
 
 __all__ = [
@@ -28,77 +27,24 @@ __all__ = [
     "BertLayer",
     "BertOnlyMLMHead",
     "BertPooler",
+    "attend_encoder",
     "attention_bias",
-    "config_value",
-    "dot_product_attention",
-    "num_labels",
-    "split_key",
 ]
 
 
-def config_value(
-    cls_name: str, config: PretrainedConfig, defaults: Mapping[str, Any], key: str, kind: str
-) -> Any:
-    """`config[key]`, or `transformers`' default when the config lacks it, checked by `kind`.
-
-    Arguments:
-        cls_name: the model class's name, for messages.
-        config: the config.
-        defaults: the `transformers` config class's defaults.
-        key: the key.
-        kind: `"size"` (an int of at least 1), `"positive"` (a number above 0), `"prob"` (a
-            number in [0, 1]), `"bool"`, or `"any"` (unchecked).
-
-    Returns:
-        The value; one of the wrong kind raises `config_error`'s `CheckpointError`, naming the
-        class and key.
-    """
-    value = config.get(key, defaults[key])
-    number = not isinstance(value, bool) and isinstance(value, int | float)
-    if kind == "size" and not (number and isinstance(value, int) and value >= 1):
-        raise config_error(cls_name, key, value, "a positive integer")
-    if kind == "positive" and not (number and value > 0):
-        raise config_error(cls_name, key, value, "a positive number")
-    if kind == "prob" and not (number and 0 <= value <= 1):
-        raise config_error(cls_name, key, value, "a probability in [0, 1]")
-    if kind == "bool" and not isinstance(value, bool):
-        raise config_error(cls_name, key, value, "true or false")
-    return value
-
-
-def num_labels(cls_name: str, config: PretrainedConfig) -> int:
-    """How many labels `transformers` counts: `id2label`'s size, else `num_labels`, else 2.
-
-    Arguments:
-        cls_name: the model class's name, for messages.
-        config: the config.
-
-    Returns:
-        The number of labels (0 gives a head that is the identity, as in `transformers`).
-    """
-    id2label = config.get("id2label")
-    given = config.get("num_labels")
-    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 0):
-        raise config_error(cls_name, "num_labels", given, "a non-negative integer")
-    if id2label is None:
-        return 2 if given is None else given
-    if not isinstance(id2label, Mapping):
-        raise config_error(cls_name, "id2label", id2label, "a mapping from label index to name")
-    if given is not None and given != len(id2label):
-        raise config_error(
-            cls_name,
-            "num_labels",
-            given,
-            f"the size of id2label, {len(id2label)}, or no num_labels",
-        )
-    return len(id2label)
-
-
-def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
-    """`n` keys from `key` (for dropout), or `n` Nones when there is no key."""
-    if key is None:
-        return [None] * n
-    return list(jax.random.split(key, n))
+def attend_encoder(
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array | None,
+    dropout: nn.Dropout | None = None,
+    *,
+    key: PRNGKeyArray | None = None,
+) -> Array:
+    """The encoders' (BERT's, ViT's) attention: `attend` scaled by `head_dim ** -0.5`, with an
+    additive `bias`, the scores in the inputs' dtype (float32 at least for the softmax)."""
+    scale = q.shape[-1] ** -0.5
+    return attend(q, k, v, None, scale=scale, bias=bias, dropout=dropout, key=key, scores="input")
 
 
 def attention_bias(attention_mask: Any, shape: tuple[int, int], dtype: Any) -> Array | None:
@@ -123,40 +69,6 @@ def attention_bias(attention_mask: Any, shape: tuple[int, int], dtype: Any) -> A
         )
     low = jnp.finfo(dtype).min
     return jnp.where(mask.astype(bool), jnp.zeros((), dtype), low)[:, None, None, :].astype(dtype)
-
-
-def dot_product_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    bias: Array | None,
-    dropout: nn.Dropout | None = None,
-    *,
-    key: PRNGKeyArray | None = None,
-) -> Array:
-    """Scaled dot-product attention over `(batch, seq, heads, head_dim)` arrays.
-
-    Arguments:
-        q: queries `(batch, q_len, heads, head_dim)`.
-        k: keys `(batch, k_len, heads, head_dim)`.
-        v: values `(batch, k_len, heads, head_dim)`.
-        bias: `None` or an additive bias broadcasting to `(batch, heads, q_len, k_len)`.
-        dropout: dropout on the attention probabilities (identity in inference mode).
-        key: the dropout key.
-
-    Returns:
-        `(batch, q_len, heads, head_dim)`. The softmax runs in float32 at least.
-    """
-    scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
-    compute = jnp.float32 if jnp.finfo(scores.dtype).bits < 32 else scores.dtype
-    scores = scores.astype(compute)
-    if bias is not None:
-        scores = scores + bias.astype(compute)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    if dropout is not None:
-        probs = dropout(probs, key=key)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
 class BertEmbeddings(Module):
@@ -197,7 +109,7 @@ class BertSelfAttention(Module):
         q, k, v = (
             p(x).reshape(b, s, self.num_heads, -1) for p in (self.query, self.key, self.value)
         )
-        out = dot_product_attention(q, k, v, bias, self.dropout, key=key)
+        out = attend_encoder(q, k, v, bias, self.dropout, key=key)
         return out.reshape(b, s, -1)
 
 

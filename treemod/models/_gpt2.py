@@ -35,11 +35,12 @@ from treemod.models._causal_lm import (
     MaybeCache,
     build_lm_head,
 )
+from treemod.models._config_values import Value, defaults, read_config
 from treemod.models._hf_activations import get_activation, hf_activation
-from treemod.models._lm_config import check_dropout, check_int, resolve
 
 __all__ = [
     "GPT2_DEFAULTS",
+    "GPT2_VALUES",
     "IGNORED_KEYS",
     "Conv1D",
     "GPT2Attention",
@@ -49,25 +50,28 @@ __all__ = [
     "GPT2Model",
 ]
 
-GPT2_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 50257,
-    "n_positions": 1024,
-    "n_embd": 768,
-    "n_layer": 12,
-    "n_head": 12,
-    "n_inner": None,
-    "activation_function": "gelu_new",
-    "resid_pdrop": 0.1,
-    "embd_pdrop": 0.1,
-    "attn_pdrop": 0.1,
-    "layer_norm_epsilon": 1e-5,
-    "initializer_range": 0.02,
-    "scale_attn_weights": True,
-    "scale_attn_by_inverse_layer_idx": False,
-    "reorder_and_upcast_attn": False,
-    "add_cross_attention": False,
-    "tie_word_embeddings": True,
+GPT2_VALUES: dict[str, Value] = {
+    "vocab_size": Value(50257, "size"),
+    "n_positions": Value(1024, "size"),
+    "n_embd": Value(768, "size"),
+    "n_layer": Value(12, "size"),
+    "n_head": Value(12, "size"),
+    "n_inner": Value(None, "size", nullable=True),
+    "activation_function": Value("gelu_new"),
+    "resid_pdrop": Value(0.1, "dropout"),
+    "embd_pdrop": Value(0.1, "dropout"),
+    "attn_pdrop": Value(0.1, "dropout"),
+    "layer_norm_epsilon": Value(1e-5),
+    "initializer_range": Value(0.02),
+    "scale_attn_weights": Value(True),
+    "scale_attn_by_inverse_layer_idx": Value(False),
+    "reorder_and_upcast_attn": Value(False),
+    "add_cross_attention": Value(False),
+    "tie_word_embeddings": Value(True),
 }
+"""The values the models read, with `transformers.GPT2Config`'s defaults."""
+
+GPT2_DEFAULTS = defaults(GPT2_VALUES)
 """`transformers.GPT2Config`'s defaults for the values the models read."""
 
 IGNORED_KEYS = ("attn.bias", "crossattention.bias")
@@ -148,7 +152,7 @@ class GPT2Attention(Module):
             scale=scale,
             dropout=self.attn_dropout,
             key=k_attn,
-            float32_scores=self.upcast,
+            scores="float32_inputs" if self.upcast else "float32",
         )
         out = self.c_proj(out.reshape(batch, seq, embed))
         return self.resid_dropout(out, key=k_resid), cache
@@ -196,11 +200,7 @@ class GPT2Block(Module):
 
 
 def _gpt2_values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    values = resolve(owner, config, GPT2_DEFAULTS, _ALIASES)
-    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        check_int(owner, values, name)
-    if values["n_inner"] is not None:
-        check_int(owner, values, "n_inner")
+    values = read_config(owner, config, GPT2_VALUES, _ALIASES)
     if values["n_embd"] % values["n_head"]:
         raise config_error(
             owner, "n_head", values["n_head"], f"a divisor of n_embd={values['n_embd']}"
@@ -210,8 +210,6 @@ def _gpt2_values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if values.get("is_causal", True) is not True:
         raise config_error(owner, "is_causal", values["is_causal"], "true (causal attention)")
     hf_activation(owner, "activation_function", values["activation_function"])
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        values[name] = check_dropout(owner, values, name)
     return values
 
 

@@ -33,60 +33,56 @@ from treemod.models._causal_lm import (
     MaybeCache,
     build_lm_head,
 )
+from treemod.models._config_values import Value, check_value, defaults, read_config
 from treemod.models._hf_activations import hf_activation
 from treemod.models._llama_layers import build_layer
-from treemod.models._lm_config import check_dropout, check_int, resolve
 from treemod.models._rope import Rope, rope_config
 
-__all__ = ["DEFAULTS", "IGNORED_KEYS", "LlamaForCausalLM", "LlamaModel"]
+__all__ = ["DEFAULTS", "IGNORED_KEYS", "VALUES", "LlamaForCausalLM", "LlamaModel"]
 
-_COMMON: dict[str, Any] = {
-    "hidden_act": "silu",
-    "initializer_range": 0.02,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "attention_dropout": 0.0,
-    "head_dim": None,
-    "num_key_value_heads": None,
+_COMMON: dict[str, Value] = {
+    "vocab_size": Value(32000, "size"),
+    "hidden_size": Value(4096, "size"),
+    "num_hidden_layers": Value(32, "size"),
+    "num_attention_heads": Value(32, "size"),
+    "num_key_value_heads": Value(None, "size", nullable=True),
+    "head_dim": Value(None, "size", nullable=True),
+    "hidden_act": Value("silu"),
+    "initializer_range": Value(0.02),
+    "rms_norm_eps": Value(1e-6),
+    "tie_word_embeddings": Value(False),
+    "attention_dropout": Value(0.0, "dropout"),
 }
-DEFAULTS: dict[str, dict[str, Any]] = {
+VALUES: dict[str, dict[str, Value]] = {
     "llama": {
         **_COMMON,
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "max_position_embeddings": 2048,
-        "attention_bias": False,
-        "mlp_bias": False,
+        "intermediate_size": Value(11008, "size"),
+        "max_position_embeddings": Value(2048, "size"),
+        "attention_bias": Value(False),
+        "mlp_bias": Value(False),
     },
     "mistral": {
         **_COMMON,
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 4096 * 32,
-        "sliding_window": 4096,
+        "intermediate_size": Value(14336, "size"),
+        "num_key_value_heads": Value(8, "size", nullable=True),
+        "max_position_embeddings": Value(4096 * 32, "size"),
+        "sliding_window": Value(4096),
     },
     "qwen2": {
         **_COMMON,
-        "vocab_size": 151936,
-        "hidden_size": 4096,
-        "intermediate_size": 22016,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 32,
-        "max_position_embeddings": 32768,
-        "use_sliding_window": False,
-        "sliding_window": 4096,
-        "max_window_layers": 28,
-        "layer_types": None,
+        "vocab_size": Value(151936, "size"),
+        "intermediate_size": Value(22016, "size"),
+        "num_key_value_heads": Value(32, "size", nullable=True),
+        "max_position_embeddings": Value(32768, "size"),
+        "use_sliding_window": Value(False),
+        "sliding_window": Value(4096),
+        "max_window_layers": Value(28),
+        "layer_types": Value(None),
     },
 }
+"""The values each family reads, with its `transformers` config class's defaults."""
+
+DEFAULTS: dict[str, dict[str, Any]] = {family: defaults(v) for family, v in VALUES.items()}
 """The `transformers` config classes' defaults for the values the models read."""
 
 IGNORED_KEYS = (r"rotary_emb\.inv_freq",)
@@ -106,12 +102,12 @@ def _layer_kinds(owner: str, family: str, v: dict[str, Any]) -> tuple[int, ...]:
     if family == "qwen2" and not v["use_sliding_window"]:
         window = None
     if window is not None:
-        v["sliding_window"] = window = check_int(owner, v, "sliding_window")
+        v["sliding_window"] = window = check_value(owner, "sliding_window", window, "size")
     if family == "mistral":
         return tuple(int(window is not None) for _ in range(n))
     types = v.get("layer_types")
     if types is None:
-        limit = check_int(owner, v, "max_window_layers", minimum=0)
+        limit = check_value(owner, "max_window_layers", v["max_window_layers"], "count")
         return tuple(int(window is not None and i >= limit) for i in range(n))
     if not isinstance(types, list | tuple) or len(types) != n:
         raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
@@ -130,20 +126,11 @@ def _layer_kinds(owner: str, family: str, v: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    v = resolve(owner, config, DEFAULTS[family])
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "max_position_embeddings",
-    ):
-        check_int(owner, v, name)
+    v = read_config(owner, config, VALUES[family])
     heads = v["num_attention_heads"]
     if v["num_key_value_heads"] is None:
         v["num_key_value_heads"] = heads
-    kv_heads = check_int(owner, v, "num_key_value_heads")
+    kv_heads = v["num_key_value_heads"]
     if heads % kv_heads:
         raise config_error(
             owner, "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}"
@@ -153,8 +140,7 @@ def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any
             raise config_error(
                 owner, "num_attention_heads", heads, "a divisor of hidden_size (or set head_dim)"
             )
-        v["head_dim"] = v["hidden_size"] // heads
-    check_int(owner, v, "head_dim")
+        v["head_dim"] = check_value(owner, "head_dim", v["hidden_size"] // heads, "size")
     if v.get("is_causal", True) is not True:
         raise config_error(owner, "is_causal", v["is_causal"], "true (causal attention)")
     if family == "llama":
@@ -163,7 +149,6 @@ def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any
     else:  # transformers' Mistral has no biases; Qwen2 has them on q, k and v only
         v["qkv_bias"], v["o_bias"], v["mlp_bias"] = family == "qwen2", False, False
     hf_activation(owner, "hidden_act", v["hidden_act"])
-    v["attention_dropout"] = check_dropout(owner, v, "attention_dropout")
     v["layer_kinds"] = _layer_kinds(owner, family, v)
     return v
 

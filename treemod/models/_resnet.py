@@ -23,26 +23,26 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
-from ._bert_layers import config_value, num_labels
+from ._config_values import Value, num_labels, read_config
 from ._hf_activations import get_activation, hf_activation
 
 __all__ = ["ResNetModel", "ResNetForImageClassification"]
 
-# `transformers.ResNetConfig`'s defaults, for the keys these classes read.
-_DEFAULTS: dict[str, Any] = {
-    "num_channels": 3,
-    "embedding_size": 64,
-    "hidden_sizes": (256, 512, 1024, 2048),
-    "depths": (3, 4, 6, 3),
-    "layer_type": "bottleneck",
-    "hidden_act": "relu",
-    "downsample_in_first_stage": False,
-    "downsample_in_bottleneck": False,
+# The values these classes read, with `transformers.ResNetConfig`'s defaults.
+_VALUES: dict[str, Value] = {
+    "num_channels": Value(3, "size"),
+    "embedding_size": Value(64, "size"),
+    "hidden_sizes": Value((256, 512, 1024, 2048)),  # checked by `_sizes`
+    "depths": Value((3, 4, 6, 3)),
+    "layer_type": Value("bottleneck"),
+    "hidden_act": Value("relu"),
+    "downsample_in_first_stage": Value(False, "bool"),
+    "downsample_in_bottleneck": Value(False, "bool"),
 }
 
 
 def _sizes(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, ...]:
-    value = config.get(key, _DEFAULTS[key])
+    value = config.get(key, _VALUES[key].default)
     if not (
         isinstance(value, tuple)
         and value
@@ -55,10 +55,7 @@ def _sizes(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, ...]
 def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
     """The config values ResNet reads, checked; refused values raise `CheckpointError`."""
 
-    def get(key: str, kind: str) -> Any:
-        return config_value(cls_name, config, _DEFAULTS, key, kind)
-
-    c: dict[str, Any] = {k: get(k, "size") for k in ("num_channels", "embedding_size")}
+    c = read_config(cls_name, config, _VALUES)
     c["depths"] = _sizes(cls_name, config, "depths")
     c["hidden_sizes"] = _sizes(cls_name, config, "hidden_sizes")
     if len(c["depths"]) != len(c["hidden_sizes"]):
@@ -69,7 +66,6 @@ def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
             list(c["depths"]),
             f"one depth per stage of hidden_sizes={list(c['hidden_sizes'])}",
         )
-    c["layer_type"] = get("layer_type", "any")
     if c["layer_type"] not in ("basic", "bottleneck"):
         raise config_error(cls_name, "layer_type", c["layer_type"], "'basic', 'bottleneck'")
     if c["layer_type"] == "bottleneck" and min(c["hidden_sizes"]) < 4:
@@ -79,10 +75,7 @@ def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
             list(c["hidden_sizes"]),
             "sizes of at least 4 for bottleneck layers (they reduce the channels 4 times)",
         )
-    c["hidden_act"] = get("hidden_act", "any")
     hf_activation(cls_name, "hidden_act", c["hidden_act"])
-    c["downsample_in_first_stage"] = get("downsample_in_first_stage", "bool")
-    c["downsample_in_bottleneck"] = get("downsample_in_bottleneck", "bool")
     return c
 
 

@@ -23,40 +23,35 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 
+from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
-from ._bert_layers import (
-    BertPooler,
-    attention_bias,
-    config_value,
-    dot_product_attention,
-    num_labels,
-    split_key,
-)
+from ._bert_layers import BertPooler, attend_encoder, attention_bias
+from ._config_values import Value, num_labels, read_config
 from ._hf_activations import get_activation, hf_activation
 
 __all__ = ["ViTModel", "ViTForImageClassification"]
 
-# `transformers.ViTConfig`'s defaults, for the keys these classes read.
-_DEFAULTS: dict[str, Any] = {
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
-    "layer_norm_eps": 1e-12,
-    "image_size": 224,
-    "patch_size": 16,
-    "num_channels": 3,
-    "qkv_bias": True,
-    "pooler_output_size": None,
-    "pooler_act": "tanh",
+# The values these classes read, with `transformers.ViTConfig`'s defaults.
+_VALUES: dict[str, Value] = {
+    "hidden_size": Value(768, "size"),
+    "num_hidden_layers": Value(12, "size"),
+    "num_attention_heads": Value(12, "size"),
+    "intermediate_size": Value(3072, "size"),
+    "hidden_act": Value("gelu"),
+    "hidden_dropout_prob": Value(0.0, "prob"),
+    "attention_probs_dropout_prob": Value(0.0, "prob"),
+    "layer_norm_eps": Value(1e-12, "positive"),
+    "image_size": Value(224),  # checked by `_pair`
+    "patch_size": Value(16),
+    "num_channels": Value(3, "size"),
+    "qkv_bias": Value(True, "bool"),
+    "pooler_output_size": Value(None),
+    "pooler_act": Value("tanh"),
 }
 
 
 def _pair(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, int]:
-    value = config.get(key, _DEFAULTS[key])
+    value = config.get(key, _VALUES[key].default)
     pair = value if isinstance(value, tuple) else (value, value)
     if len(pair) != 2 or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair
@@ -67,27 +62,9 @@ def _pair(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, int]:
 
 def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
     """The config values ViT reads, checked; refused values raise `CheckpointError`."""
-
-    def get(key: str, kind: str) -> Any:
-        return config_value(cls_name, config, _DEFAULTS, key, kind)
-
-    c = {
-        k: get(k, "size")
-        for k in (
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "num_channels",
-        )
-    }
+    c = read_config(cls_name, config, _VALUES)
     for key in ("hidden_act", "pooler_act"):
-        c[key] = get(key, "any")
         hf_activation(cls_name, key, c[key])
-    c["hidden_dropout_prob"] = get("hidden_dropout_prob", "prob")
-    c["attention_probs_dropout_prob"] = get("attention_probs_dropout_prob", "prob")
-    c["layer_norm_eps"] = get("layer_norm_eps", "positive")
-    c["qkv_bias"] = get("qkv_bias", "bool")
     c["image_size"] = _pair(cls_name, config, "image_size")
     c["patch_size"] = _pair(cls_name, config, "patch_size")
     # transformers reads an explicit head_dim when config.json has one, else hidden // heads.
@@ -152,7 +129,7 @@ class ViTAttention(Module):
         b, s, _ = x.shape
         projections = (self.q_proj, self.k_proj, self.v_proj)
         q, k, v = (p(x).reshape(b, s, self.num_heads, -1) for p in projections)
-        out = dot_product_attention(q, k, v, bias, self.dropout, key=key)
+        out = attend_encoder(q, k, v, bias, self.dropout, key=key)
         return self.o_proj(out.reshape(b, s, -1))
 
 
