@@ -1,9 +1,10 @@
-"""The Llama family (Llama, Mistral, Qwen2) from Hugging Face config dicts.
+"""The Llama decoder and causal LM from Hugging Face config dicts; the base of its variants.
 
-One implementation, three config readings: Llama has optional attention and MLP biases; Mistral
-none and a sliding window on every layer; Qwen2 biases on q, k and v, and a sliding window on the
-layers its `layer_types` (or `use_sliding_window` with `max_window_layers`) name. Attribute paths
-are `transformers`' parameter names (`model.layers` is an `nn.Stack` of `LlamaDecoderLayer`s).
+Llama has optional attention and MLP biases and full attention on every layer. A variant
+(Mistral, Qwen2: `_llama_variants.py`) declares the values its config class reads
+(`config_values`) and its rules (`variant_rules`: biases, sliding windows); the rest is this
+file's. Attribute paths are `transformers`' parameter names (`model.layers` is an `nn.Stack` of
+`LlamaDecoderLayer`s).
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ from treemod.models._hf_activations import hf_activation
 from treemod.models._llama_layers import build_layer
 from treemod.models._rope import Rope, rope_config
 
-__all__ = ["DEFAULTS", "IGNORED_KEYS", "VALUES", "LlamaForCausalLM", "LlamaModel"]
+__all__ = [
+    "COMMON_VALUES",
+    "DEFAULTS",
+    "IGNORED_KEYS",
+    "LLAMA_VALUES",
+    "LlamaForCausalLM",
+    "LlamaModel",
+]
 
-_COMMON: dict[str, Value] = {
+COMMON_VALUES: dict[str, Value] = {
     "vocab_size": Value(32000, "size"),
     "hidden_size": Value(4096, "size"),
     "num_hidden_layers": Value(32, "size"),
@@ -53,80 +61,28 @@ _COMMON: dict[str, Value] = {
     "tie_word_embeddings": Value(False),
     "attention_dropout": Value(0.0, "dropout"),
 }
-VALUES: dict[str, dict[str, Value]] = {
-    "llama": {
-        **_COMMON,
-        "intermediate_size": Value(11008, "size"),
-        "max_position_embeddings": Value(2048, "size"),
-        "attention_bias": Value(False),
-        "mlp_bias": Value(False),
-    },
-    "mistral": {
-        **_COMMON,
-        "intermediate_size": Value(14336, "size"),
-        "num_key_value_heads": Value(8, "size", nullable=True),
-        "max_position_embeddings": Value(4096 * 32, "size"),
-        "sliding_window": Value(4096),
-    },
-    "qwen2": {
-        **_COMMON,
-        "vocab_size": Value(151936, "size"),
-        "intermediate_size": Value(22016, "size"),
-        "num_key_value_heads": Value(32, "size", nullable=True),
-        "max_position_embeddings": Value(32768, "size"),
-        "use_sliding_window": Value(False),
-        "sliding_window": Value(4096),
-        "max_window_layers": Value(28),
-        "layer_types": Value(None),
-    },
-}
-"""The values each family reads, with its `transformers` config class's defaults."""
+"""The values the Llama family's config classes read alike (`LlamaConfig`'s defaults)."""
 
-DEFAULTS: dict[str, dict[str, Any]] = {family: defaults(v) for family, v in VALUES.items()}
-"""The `transformers` config classes' defaults for the values the models read."""
+LLAMA_VALUES: dict[str, Value] = {
+    **COMMON_VALUES,
+    "intermediate_size": Value(11008, "size"),
+    "max_position_embeddings": Value(2048, "size"),
+    "attention_bias": Value(False),
+    "mlp_bias": Value(False),
+}
+"""The values `LlamaConfig` reads, with its defaults."""
+
+DEFAULTS: dict[str, Any] = defaults(LLAMA_VALUES)
+"""`transformers.LlamaConfig`'s defaults for the values the models read."""
 
 IGNORED_KEYS = (r"rotary_emb\.inv_freq",)
 """Regular expressions (searched in names) of the tensors `transformers` skips when loading:
 old Llama checkpoints hold each layer's `self_attn.rotary_emb.inv_freq` buffer."""
 
-_LAYER_TYPES = ("full_attention", "sliding_attention")
 
-
-def _layer_kinds(owner: str, family: str, v: dict[str, Any]) -> tuple[int, ...]:
-    """Per layer, 0 for full attention and 1 for a sliding window; sets `v["sliding_window"]`."""
-    n = v["num_hidden_layers"]
-    if family == "llama":
-        v["sliding_window"] = None
-        return tuple(0 for _ in range(n))
-    window = v.get("sliding_window")
-    if family == "qwen2" and not v["use_sliding_window"]:
-        window = None
-    if window is not None:
-        v["sliding_window"] = window = check_value(owner, "sliding_window", window, "size")
-    if family == "mistral":
-        return tuple(int(window is not None) for _ in range(n))
-    types = v.get("layer_types")
-    if types is None:
-        limit = check_value(owner, "max_window_layers", v["max_window_layers"], "count")
-        return tuple(int(window is not None and i >= limit) for i in range(n))
-    if not isinstance(types, list | tuple) or len(types) != n:
-        raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
-    for i, kind in enumerate(types):
-        if kind not in _LAYER_TYPES:
-            raise config_error(owner, f"layer_types[{i}]", kind, ", ".join(map(repr, _LAYER_TYPES)))
-        if kind == "sliding_attention" and window is None:
-            raise config_error(
-                owner,
-                "sliding_window",
-                window,
-                "an int window for 'sliding_attention' layers (set use_sliding_window and "
-                "sliding_window)",
-            )
-    return tuple(_LAYER_TYPES.index(kind) for kind in types)
-
-
-def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    v = read_config(owner, config, VALUES[family])
+def _values(cls: type[LlamaModel], owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config read with `cls.config_values`, checked, completed by `cls.variant_rules`."""
+    v = read_config(owner, config, cls.config_values)
     heads = v["num_attention_heads"]
     if v["num_key_value_heads"] is None:
         v["num_key_value_heads"] = heads
@@ -143,13 +99,8 @@ def _values(owner: str, family: str, config: Mapping[str, Any]) -> dict[str, Any
         v["head_dim"] = check_value(owner, "head_dim", v["hidden_size"] // heads, "size")
     if v.get("is_causal", True) is not True:
         raise config_error(owner, "is_causal", v["is_causal"], "true (causal attention)")
-    if family == "llama":
-        v["qkv_bias"] = v["o_bias"] = bool(v["attention_bias"])
-        v["mlp_bias"] = bool(v["mlp_bias"])
-    else:  # transformers' Mistral has no biases; Qwen2 has them on q, k and v only
-        v["qkv_bias"], v["o_bias"], v["mlp_bias"] = family == "qwen2", False, False
     hf_activation(owner, "hidden_act", v["hidden_act"])
-    v["layer_kinds"] = _layer_kinds(owner, family, v)
+    cls.variant_rules(owner, v)
     return v
 
 
@@ -176,6 +127,8 @@ class LlamaModel(PretrainedModel):
     model_type: ClassVar[str] = "llama"
     base_model_prefix: ClassVar[str] = "model"
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
+    # The values the config class reads, with its defaults (a variant declares its own).
+    config_values: ClassVar[Mapping[str, Value]] = LLAMA_VALUES
 
     embed_tokens: nn.Embedding
     layers: nn.Stack
@@ -205,7 +158,24 @@ class LlamaModel(PretrainedModel):
             The model.
         """
         config = PretrainedConfig(config)
-        return cls._build(config, _values(cls.__name__, cls.model_type, config), key, dtype)
+        return cls._build(config, _values(cls, cls.__name__, config), key, dtype)
+
+    @classmethod
+    def variant_rules(cls, owner: str, v: dict[str, Any]) -> None:
+        """Set the values the layers read beyond the config's: Llama's rules.
+
+        Sets `qkv_bias`, `o_bias` (`attention_bias`), `mlp_bias`, `sliding_window` (`None`)
+        and `layer_kinds` (per layer, 0 for full attention and 1 for the sliding window). A
+        variant overrides it with its own.
+
+        Arguments:
+            owner: the model class's name, for messages.
+            v: the config values, checked; completed in place.
+        """
+        v["qkv_bias"] = v["o_bias"] = bool(v["attention_bias"])
+        v["mlp_bias"] = bool(v["mlp_bias"])
+        v["sliding_window"] = None
+        v["layer_kinds"] = tuple(0 for _ in range(v["num_hidden_layers"]))
 
     @classmethod
     def _build(
@@ -350,7 +320,7 @@ class LlamaForCausalLM(CausalLM):
             The model.
         """
         config = PretrainedConfig(config)
-        v = _values(cls.__name__, cls.model_type, config)
+        v = _values(cls.body, cls.__name__, config)
         k_body, k_head = jax.random.split(key)
         body = cls.body._build(config, v, k_body, dtype, cls.__name__)
         head = build_lm_head(

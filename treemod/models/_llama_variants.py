@@ -1,19 +1,60 @@
-"""Mistral and Qwen2: the Llama implementation read with their configs' defaults and rules.
+"""Mistral and Qwen2: the Llama implementation with only what their config classes differ in.
 
-Mistral has no biases and a sliding window (`sliding_window`, default 4096) on every layer;
-Qwen2 has biases on q, k and v, and sliding windows on the layers its `layer_types` name (by
-default, with `use_sliding_window`, the layers from `max_window_layers` on). The config reading
-is `_llama._values`, keyed by each class's `model_type`.
+Each variant declares the values its config class reads (`config_values`, with its defaults)
+and its rules (`variant_rules`). Mistral has no biases and a sliding window (`sliding_window`,
+default 4096, null for none) on every layer; Qwen2 has biases on q, k and v, and sliding windows
+on the layers its `layer_types` name (by default, with `use_sliding_window`, the layers from
+`max_window_layers` on).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from treemod.models._base import register_architecture
-from treemod.models._llama import LlamaForCausalLM, LlamaModel
+from treemod.models._base import config_error, register_architecture
+from treemod.models._config_values import Value, check_value
+from treemod.models._llama import COMMON_VALUES, LlamaForCausalLM, LlamaModel
 
-__all__ = ["MistralForCausalLM", "MistralModel", "Qwen2ForCausalLM", "Qwen2Model"]
+__all__ = [
+    "MISTRAL_VALUES",
+    "QWEN2_VALUES",
+    "MistralForCausalLM",
+    "MistralModel",
+    "Qwen2ForCausalLM",
+    "Qwen2Model",
+]
+
+MISTRAL_VALUES: dict[str, Value] = {
+    **COMMON_VALUES,
+    "intermediate_size": Value(14336, "size"),
+    "num_key_value_heads": Value(8, "size", nullable=True),
+    "max_position_embeddings": Value(4096 * 32, "size"),
+    "sliding_window": Value(4096),
+}
+"""The values `MistralConfig` reads, with its defaults."""
+
+QWEN2_VALUES: dict[str, Value] = {
+    **COMMON_VALUES,
+    "vocab_size": Value(151936, "size"),
+    "intermediate_size": Value(22016, "size"),
+    "num_key_value_heads": Value(32, "size", nullable=True),
+    "max_position_embeddings": Value(32768, "size"),
+    "use_sliding_window": Value(False),
+    "sliding_window": Value(4096),
+    "max_window_layers": Value(28),
+    "layer_types": Value(None),
+}
+"""The values `Qwen2Config` reads, with its defaults."""
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _window(owner: str, window: Any) -> int | None:
+    checked: int | None = window
+    if window is not None:
+        checked = check_value(owner, "sliding_window", window, "size")
+    return checked
 
 
 class MistralModel(LlamaModel):
@@ -21,6 +62,14 @@ class MistralModel(LlamaModel):
 
     architecture: ClassVar[str] = "MistralModel"
     model_type: ClassVar[str] = "mistral"
+    config_values: ClassVar[Mapping[str, Value]] = MISTRAL_VALUES
+
+    @classmethod
+    def variant_rules(cls, owner: str, v: dict[str, Any]) -> None:
+        """No biases; `sliding_window` (null for none) on every layer."""
+        v["qkv_bias"], v["o_bias"], v["mlp_bias"] = False, False, False
+        v["sliding_window"] = window = _window(owner, v["sliding_window"])
+        v["layer_kinds"] = tuple(int(window is not None) for _ in range(v["num_hidden_layers"]))
 
 
 class MistralForCausalLM(LlamaForCausalLM):
@@ -36,6 +85,37 @@ class Qwen2Model(LlamaModel):
 
     architecture: ClassVar[str] = "Qwen2Model"
     model_type: ClassVar[str] = "qwen2"
+    config_values: ClassVar[Mapping[str, Value]] = QWEN2_VALUES
+
+    @classmethod
+    def variant_rules(cls, owner: str, v: dict[str, Any]) -> None:
+        """Biases on q, k and v (whatever the config says, as `transformers` builds them);
+        sliding windows on the layers `layer_types` names, or else, with `use_sliding_window`,
+        on the layers from `max_window_layers` on."""
+        v["qkv_bias"], v["o_bias"], v["mlp_bias"] = True, False, False
+        window = _window(owner, v["sliding_window"]) if v["use_sliding_window"] else None
+        if window is not None:  # unused, the config's value is kept (the field shows it)
+            v["sliding_window"] = window
+        n, types = v["num_hidden_layers"], v["layer_types"]
+        if types is None:
+            limit = check_value(owner, "max_window_layers", v["max_window_layers"], "count")
+            v["layer_kinds"] = tuple(int(window is not None and i >= limit) for i in range(n))
+            return
+        if not isinstance(types, list | tuple) or len(types) != n:
+            raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
+        for i, kind in enumerate(types):
+            if kind not in _LAYER_TYPES:
+                expected = ", ".join(map(repr, _LAYER_TYPES))
+                raise config_error(owner, f"layer_types[{i}]", kind, expected)
+            if kind == "sliding_attention" and window is None:
+                raise config_error(
+                    owner,
+                    "sliding_window",
+                    window,
+                    "an int window for 'sliding_attention' layers (set use_sliding_window and "
+                    "sliding_window)",
+                )
+        v["layer_kinds"] = tuple(_LAYER_TYPES.index(kind) for kind in types)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
