@@ -180,7 +180,11 @@ def test_config_space_equals_transformers(data: st.DataObject) -> None:
     model = _ours(name, hf)
     size = data.draw(st.sampled_from([16, 23, 32]), "size")
     pixels = _pixels(data.draw(st.integers(0, 99), "seed"), 2, config["num_channels"], size)
-    assert _relative_error(_run(model, pixels), _reference(hf, pixels)) < 1e-5
+    # A squaring activation doubles the relative rounding error it is given, once per layer:
+    # through a deep relu2 network float32's rounding alone reaches 1e-5 (seen: 1.02e-5 with
+    # outputs near 3e15).
+    tolerance = 1e-4 if config["hidden_act"] == "relu2" else 1e-5
+    assert _relative_error(_run(model, pixels), _reference(hf, pixels)) < tolerance
 
 
 @pytest.mark.parametrize(
