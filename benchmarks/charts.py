@@ -17,8 +17,16 @@ CHARTS = {
 }
 
 
+def measured(data: dict[str, Any], metric: str) -> bool:
+    """Whether any library has a figure of `metric` on any workload."""
+    return any(
+        metric in entry["metrics"] for per in data["summary"].values() for entry in per.values()
+    )
+
+
 def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Grouped bar charts (median, min–max whiskers); nothing if matplotlib is missing."""
+    """Grouped bar charts (median, min–max whiskers) of the metrics measured; nothing if
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -31,10 +39,11 @@ def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
     wls = list(data["workloads"])
     written = []
     for png, (metric, title, log) in CHARTS.items():
+        if not measured(data, metric):
+            continue
         scale = 1e3 if title.startswith("Steady") else 1.0
         fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(wls) + 2), 4.0))
         width = 0.8 / max(1, len(fws))
-        plotted = False
         for i, fw in enumerate(fws):
             xs, ys, lo, hi = [], [], [], []
             for j, wl in enumerate(wls):
@@ -45,10 +54,9 @@ def charts(data: dict[str, Any], out_dir: Path) -> list[Path]:
                     lo.append((s["median"] - s["min"]) * scale)
                     hi.append((s["max"] - s["median"]) * scale)
             ax.bar(xs, ys, width, yerr=[lo, hi], label=LABELS[fw], capsize=2)
-            plotted = plotted or bool(ys)
         ax.set_xticks(range(len(wls)), [data["workloads"][w]["title"] for w in wls], rotation=20,
                       ha="right", fontsize=8)  # fmt: skip
-        if log and plotted:  # an empty chart (nothing measured) stays linear
+        if log:
             ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=7, ncol=3)

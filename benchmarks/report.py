@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .charts import CHARTS, charts
+from .charts import CHARTS, charts, measured
 from .summary import summarise
 from .targets import STACK_METRICS, framework_order, from_one_run, metric_stats, targets
 from .workloads.spec import LABELS, suite
@@ -249,8 +249,9 @@ def markdown(data: dict[str, Any], img_prefix: str = "") -> str:
         lines += ["", "#### Failures", ""]
         lines += [f"- {LABELS[fw]} / {wl}: `{e[:300]}`" for wl, fw, e in errors]
     lines.append("")
-    for png, (_, title, _) in CHARTS.items():
-        lines.append(f"![{title}]({img_prefix}{png})")
+    for png, (metric, title, _) in CHARTS.items():
+        if measured(data, metric):  # a run without the realistic batch has no chart of it
+            lines.append(f"![{title}]({img_prefix}{png})")
     lines.append(f"![Import time (s)]({img_prefix}import.png)")
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,7 @@ import copy
 import functools
 import importlib
 import importlib.util
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,15 @@ def test_markdown_shows_tables_skip_reasons_failures_and_targets(tmp_path: Path)
     assert "**nnx**: failed: ImportError: no flax" in md
     assert "| mlp8: first call / plain JAX | 1.02× | ≤ 1.05× | yes | 1.02× " in md
     assert "![First call of the training step (s, log scale)](first_call.png)" in md
+    assert "step_big.png" not in md  # no realistic batch measured: no (empty) chart of it
+
+
+def test_charts_leave_out_metrics_nobody_measured(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [_record("jax", "mlp8", 1.0, 0.001), _record("treemod", "mlp8", 1.1, 0.001)]
+    data = _data({"jax": "ok", "treemod": "ok"}, records)
+    written = {p.name for p in report.charts(data, tmp_path)}
+    assert written == {"first_call.png", "step_tiny.png", "import.png"}
 
 
 def test_merge_combines_runs_of_different_workloads() -> None:
@@ -369,9 +379,15 @@ def test_results_folder_holds_the_latest_results_only() -> None:
     kept = {".gitignore", "results.json", "results.md", "gpu/results.json", "gpu/results.md"}
     assert names <= kept, f"benchmarks/results/ holds more than the latest results: {names - kept}"
     page = (ROOT / "docs" / "benchmarks.md").read_text()
-    for png in [*report.CHARTS, "import.png"]:
-        assert f"](img/bench/{png})" in page
+    linked = set(re.findall(r"\]\(img/bench/([\w.]+\.png)\)", page))
+    assert {"first_call.png", "step_tiny.png", "import.png"} <= linked
+    for png in linked:
         assert (report.DOCS_IMG / png).read_bytes()[:4] == b"\x89PNG"
+    charts = subprocess.run(
+        ["git", "ls-files", "--", str(report.DOCS_IMG)], cwd=ROOT, capture_output=True, text=True
+    )
+    kept_charts = {Path(line).name for line in charts.stdout.split()}
+    assert kept_charts == linked, "docs/img/bench/ holds the charts the page shows, no others"
 
 
 def test_missing_peer_is_skipped_with_a_reason(monkeypatch) -> None:
