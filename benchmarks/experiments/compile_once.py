@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,15 @@ from benchmarks.timing import time_block
 CONTENDERS = ("jax", "treemod", "treemod-off")
 
 
-def first_call_and_steps(step: Any, args: tuple[Any, ...], steps: int) -> tuple[dict, Any]:
+def first_call_and_steps(
+    step: Any,
+    args: tuple[Any, ...],
+    steps: int,
+    compiled_size: Callable[[str], dict] | None = None,
+) -> tuple[dict, Any]:
     """Lower and compile `step` (a `filter_jit`) for `args`, run it once, then `steps` times.
+
+    `compiled_size`, if given, reads figures of the optimised program's text into the record.
 
     Returns:
         The phases' wall and CPU seconds, the lowered program's size and loops, the median and
@@ -42,8 +50,10 @@ def first_call_and_steps(step: Any, args: tuple[Any, ...], steps: int) -> tuple[
     compiled = lowered.compile()
     w2, c2 = time.perf_counter(), time.process_time()
     out = jax.block_until_ready(compiled(*args))
-    w3 = time.perf_counter()
-    times = [time_block(lambda: compiled(*args)) for _ in range(steps)]
+    w3, c3 = time.perf_counter(), time.process_time()
+    # Wall and process CPU time per step: on a loaded shared machine the CPU time moves less.
+    pairs = [time_block(lambda: compiled(*args), cpu=True) for _ in range(steps)]
+    times, cpus = [w for w, _ in pairs], [c for _, c in pairs]
     text = lowered.as_text()
     record = {
         "lower_s": w1 - w0,
@@ -51,11 +61,15 @@ def first_call_and_steps(step: Any, args: tuple[Any, ...], steps: int) -> tuple[
         "compile_s": w2 - w1,
         "compile_cpu_s": c2 - c1,
         "first_call_s": w3 - w0,
+        "first_call_cpu_s": c3 - c0,
         "step_ms": 1e3 * statistics.median(times),
         "step_ms_range": [1e3 * min(times), 1e3 * max(times)],
+        "step_cpu_ms": 1e3 * statistics.median(cpus),
         "stablehlo_chars": len(text),
         "loops": text.count("stablehlo.while"),
     }
+    if compiled_size is not None:
+        record.update(compiled_size(compiled.as_text()))
     return record, out
 
 

@@ -33,15 +33,14 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.timing import round_order, spread, time_block
+from benchmarks.experiments.compile_once import first_call_and_steps
+from benchmarks.timing import round_order, spread
 
 CONTENDERS = ("rolled", "xla_late", "nested", "inline")
 EXTRA = ("rolled_late",)  # rolling on and the units `XLA_LATE` (inside the loops too)
@@ -90,31 +89,8 @@ def set_mode(contender: str, method_owner: type) -> None:
 
 
 def measure_step(step: Any, args: tuple[Any, ...], steps: int) -> tuple[dict[str, Any], Any]:
-    """Lower and compile `step` (a `filter_jit`), run it once, then `steps` times."""
-    import jax
-
-    w0, c0 = time.perf_counter(), time.process_time()
-    lowered = step.lower(*args)
-    w1, c1 = time.perf_counter(), time.process_time()
-    compiled = lowered.compile()
-    w2, c2 = time.perf_counter(), time.process_time()
-    out = jax.block_until_ready(compiled(*args))
-    w3 = time.perf_counter()
-    # Wall and process CPU time per step: on a loaded shared machine the CPU time moves less.
-    pairs = [time_block(lambda: compiled(*args), cpu=True) for _ in range(steps)]
-    times, cpus = [w for w, _ in pairs], [c for _, c in pairs]
-    return {
-        "lower_s": w1 - w0,
-        "compile_s": w2 - w1,
-        "compile_cpu_s": c2 - c1,
-        "first_call_s": w3 - w0,
-        "first_call_cpu_s": time.process_time() - c0,
-        "step_ms": 1e3 * statistics.median(times),
-        "step_ms_range": [1e3 * min(times), 1e3 * max(times)],
-        "step_cpu_ms": 1e3 * statistics.median(cpus),
-        "stablehlo_chars": len(lowered.as_text()),
-        **program_size(compiled.as_text()),
-    }, out
+    """`compile_once`'s first call and steps, plus the optimised program's size."""
+    return first_call_and_steps(step, args, steps, compiled_size=program_size)
 
 
 def darts(contender: str, size: str, steps: int) -> tuple[dict[str, Any], Any]:
