@@ -94,6 +94,19 @@ def _over_batch(formula: Callable[[Any], Any], x: Any, batch_ndim: int) -> Any:
     return formula(x)
 
 
+def _over_trailing_shape(
+    layer: Any, formula: Callable[..., Any], x: Any, treemod_call: Callable[[Any], Any]
+) -> Any:
+    """`formula` (Equinox's, for one example) over `x`'s leading axes when `x` ends in the
+    layer's `shape`; any other input goes to treemod's layer, whose error names it."""
+    x = promote_input(x, None if layer.weight is None else layer.weight.dtype)
+    k = len(layer.shape)
+    if x.ndim >= k and tuple(x.shape[x.ndim - k :]) == layer.shape:
+        one = ft.partial(formula, weight=layer.weight, bias=layer.bias, eps=layer.eps)
+        return _over_batch(one, x, x.ndim - k)
+    return treemod_call(x)
+
+
 class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta, shapecheck=False):
     """`treemod.nn.LayerNorm` with Equinox's arithmetic, also callable with a `State`.
 
@@ -108,13 +121,7 @@ class LayerNorm(_LayerNorm, metaclass=CompatLayerMeta, shapecheck=False):
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
         """Normalise `x` (`shape`, or `(*batch, *shape)`); with a `state`, return `(y, state)`."""
-        x = promote_input(x, None if self.weight is None else self.weight.dtype)
-        k = len(self.shape)
-        if x.ndim >= k and tuple(x.shape[x.ndim - k :]) == self.shape:
-            formula = ft.partial(_layer_norm, weight=self.weight, bias=self.bias, eps=self.eps)
-            y = _over_batch(formula, x, x.ndim - k)
-        else:
-            y = super().__call__(x)  # treemod's error
+        y = _over_trailing_shape(self, _layer_norm, x, super().__call__)
         return y if state is _NO_STATE else (y, state)
 
 
@@ -132,13 +139,7 @@ class RMSNorm(_RMSNorm, metaclass=CompatLayerMeta, shapecheck=False):
 
     def __call__(self, x: Any, state: Any = _NO_STATE, *, key: Any = None) -> Any:
         """Normalise `x` (`shape`, or `(*batch, *shape)`); with a `state`, return `(y, state)`."""
-        x = promote_input(x, None if self.weight is None else self.weight.dtype)
-        k = len(self.shape)
-        if x.ndim >= k and tuple(x.shape[x.ndim - k :]) == self.shape:
-            formula = ft.partial(_rms_norm, weight=self.weight, bias=self.bias, eps=self.eps)
-            y = _over_batch(formula, x, x.ndim - k)
-        else:
-            y = super().__call__(x)  # treemod's error
+        y = _over_trailing_shape(self, _rms_norm, x, super().__call__)
         return y if state is _NO_STATE else (y, state)
 
 
