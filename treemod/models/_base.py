@@ -195,6 +195,11 @@ class PretrainedModel(Module):
     # Regular expressions (`re.search`) of file tensors loading skips without a word, as
     # `transformers` does for the class (old files' buffers, e.g. GPT-2's `attn.bias`).
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = ()
+    # `transformers` 5's conversion mapping for the class, where its files keep older names than
+    # its modules: regex substitutions (`re.sub`) from file names to the model's names, applied in
+    # order when loading (`load_renames`), and the ones undoing them when saving (`save_renames`).
+    load_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+    save_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @classmethod
     @abc.abstractmethod

@@ -6,8 +6,9 @@ rule). The files can differ from them in three ways, each handled as `transforme
 - **A conversion mapping**: some `transformers` 5 classes were rewritten with new module names
   but still read and write the old names on disk (`transformers/conversion_mapping.py`). ViT
   keeps `vit.encoder.layer.0.attention.attention.query.weight` in files for the module's
-  `vit.layers.0.attention.q_proj.weight`. The renames are applied in order when loading, and
-  their inverses when saving, so treemod's files are what `transformers` writes.
+  `vit.layers.0.attention.q_proj.weight`. A zoo class declares them (`load_renames`, applied in
+  order when loading, and `save_renames`, their inverses), so treemod's files are what
+  `transformers` writes.
 - **The base model's prefix**: a checkpoint of the base model (`GPT2Model`: `h.0...`) loads into
   the model with a head (`GPT2LMHeadModel`: `transformer.h.0...`), and a checkpoint with a
   head into the base model (the head's tensors are then unexpected: `strict=False`).
@@ -30,31 +31,6 @@ from typing import Any
 
 __all__ = ["base_prefix", "file_name", "ignored", "model_names"]
 
-# model_type -> (renames on load, renames on save), regex substitutions applied in order. The
-# load renames are transformers 5.x's for the class (conversion_mapping.py); the save renames
-# undo them.
-_CONVERSIONS: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
-    "vit": (
-        [
-            (r"encoder\.layer\.", "layers."),
-            (r"attention\.query", "q_proj"),
-            (r"attention\.key", "k_proj"),
-            (r"attention\.value", "v_proj"),
-            (r"attention\.output\.dense", "attention.o_proj"),
-            (r"intermediate\.dense", "mlp.fc1"),
-            (r"output\.dense", "mlp.fc2"),
-        ],
-        [
-            (r"mlp\.fc2", "output.dense"),
-            (r"mlp\.fc1", "intermediate.dense"),
-            (r"attention\.o_proj", "attention.output.dense"),
-            (r"v_proj", "attention.value"),
-            (r"k_proj", "attention.key"),
-            (r"q_proj", "attention.query"),
-            (r"(^|\.)layers\.", r"\1encoder.layer."),
-        ],
-    ),
-}
 _LEGACY = [
     (re.compile(r"LayerNorm\.gamma$"), "LayerNorm.weight"),
     (re.compile(r"LayerNorm\.beta$"), "LayerNorm.bias"),
@@ -98,10 +74,14 @@ def base_prefix(model: Any) -> str | None:
 
 
 def model_names(
-    files: Iterable[str], expected: Mapping[str, Any], model_type: str, prefix: str | None
+    files: Iterable[str],
+    expected: Mapping[str, Any],
+    load: Iterable[tuple[str, str]],
+    prefix: str | None,
 ) -> dict[str, str]:
-    """`{name as the model calls it: name in the files}` for every tensor in the files."""
-    load = _CONVERSIONS.get(model_type, ([], []))[0]
+    """`{name as the model calls it: name in the files}` for every tensor in the files, with
+    the class's `load` renames (`PretrainedModel.load_renames`)."""
+    load = tuple(load)
     out: dict[str, str] = {}
     names = list(files)
     converted = {f: _apply(f, load) for f in names}
@@ -139,6 +119,7 @@ def model_names(
     return out
 
 
-def file_name(name: str, model_type: str) -> str:
-    """The name `transformers` writes to its files for the model's tensor `name`."""
-    return _apply(name, _CONVERSIONS.get(model_type, ([], []))[1])
+def file_name(name: str, save: Iterable[tuple[str, str]]) -> str:
+    """The name `transformers` writes to its files for the model's tensor `name`, with the
+    class's `save` renames (`PretrainedModel.save_renames`)."""
+    return _apply(name, save)

@@ -275,9 +275,9 @@ def load_into(
     """
     expected = expected_tensors(skeleton, NATIVE_HOOKS)
     tied = skeleton.tied_weights() if isinstance(skeleton, PretrainedModel) else {}
-    model_type = getattr(type(skeleton), "model_type", "")
+    renames = type(skeleton).load_renames if isinstance(skeleton, PretrainedModel) else ()
     wanted = {**expected, **dict.fromkeys(tied)}
-    names = model_names(checkpoint.tensors, wanted, model_type, base_prefix(skeleton))
+    names = model_names(checkpoint.tensors, wanted, renames, base_prefix(skeleton))
     files = {name: checkpoint.tensors[file] for name, file in names.items()}
     directory = str(checkpoint.directory)
     report, source_of, to_check = _compare(expected, files, tied, directory, type(skeleton))

@@ -121,7 +121,7 @@ def save_pretrained(
     named = name_tensors(model, NATIVE_HOOKS)
     for alias in model.tied_weights():
         named.pop(alias, None)
-    tensors = {file_name(name, type(model).model_type): value for name, value in named.items()}
+    tensors = {file_name(name, type(model).save_renames): value for name, value in named.items()}
     config = model.config.to_dict()
     config["architectures"] = [type(model).architecture]
     config["model_type"] = type(model).model_type

@@ -219,6 +219,27 @@ def _build(
     return embeddings, layers, layernorm, pooler
 
 
+# `transformers` 5's conversion mapping for ViT (its files keep ViT's old module names).
+VIT_LOAD_RENAMES: tuple[tuple[str, str], ...] = (
+    (r"encoder\.layer\.", "layers."),
+    (r"attention\.query", "q_proj"),
+    (r"attention\.key", "k_proj"),
+    (r"attention\.value", "v_proj"),
+    (r"attention\.output\.dense", "attention.o_proj"),
+    (r"intermediate\.dense", "mlp.fc1"),
+    (r"output\.dense", "mlp.fc2"),
+)
+VIT_SAVE_RENAMES: tuple[tuple[str, str], ...] = (
+    (r"mlp\.fc2", "output.dense"),
+    (r"mlp\.fc1", "intermediate.dense"),
+    (r"attention\.o_proj", "attention.output.dense"),
+    (r"v_proj", "attention.value"),
+    (r"k_proj", "attention.key"),
+    (r"q_proj", "attention.query"),
+    (r"(^|\.)layers\.", r"\1encoder.layer."),
+)
+
+
 @register_architecture
 class ViTModel(PretrainedModel):
     """The Vision Transformer (`transformers.ViTModel`, with its pooler): `last_hidden_state`.
@@ -240,6 +261,8 @@ class ViTModel(PretrainedModel):
 
     architecture = "ViTModel"
     model_type = "vit"
+    load_renames = VIT_LOAD_RENAMES
+    save_renames = VIT_SAVE_RENAMES
     base_model_prefix = "vit"
 
     embeddings: ViTEmbeddings
@@ -332,6 +355,8 @@ class ViTForImageClassification(PretrainedModel):
 
     architecture = "ViTForImageClassification"
     model_type = "vit"
+    load_renames = VIT_LOAD_RENAMES
+    save_renames = VIT_SAVE_RENAMES
     base_model_prefix = "vit"
 
     vit: ViTModel
