@@ -50,8 +50,11 @@ _VALUES: dict[str, Value] = {
 }
 
 
-def _pair(cls_name: str, config: PretrainedConfig, key: str) -> tuple[int, int]:
-    value = config.get(key, _VALUES[key].default)
+def _pair(
+    cls_name: str, config: PretrainedConfig, key: str, default: Any = None
+) -> tuple[int, int]:
+    """`config[key]` (else `default`, else ViT's) as `(height, width)`, each a positive int."""
+    value = config.get(key, _VALUES[key].default if default is None else default)
     pair = value if isinstance(value, tuple) else (value, value)
     if len(pair) != 2 or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair
