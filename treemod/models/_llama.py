@@ -36,7 +36,7 @@ from treemod.models._causal_lm import (
 )
 from treemod.models._config_values import Value, check_value, defaults, read_config
 from treemod.models._hf_activations import hf_activation
-from treemod.models._llama_layers import build_layer
+from treemod.models._llama_layers import LayerParts, build_layer
 from treemod.models._rope import Rope, rope_config
 
 __all__ = [
@@ -99,7 +99,8 @@ def _values(cls: type[LlamaModel], owner: str, config: Mapping[str, Any]) -> dic
         v["head_dim"] = check_value(owner, "head_dim", v["hidden_size"] // heads, "size")
     if v.get("is_causal", True) is not True:
         raise config_error(owner, "is_causal", v["is_causal"], "true (causal attention)")
-    hf_activation(owner, "hidden_act", v["hidden_act"])
+    hf_activation(owner, cls.activation_key, v[cls.activation_key])
+    v["hidden_act"] = v[cls.activation_key]
     cls.variant_rules(owner, v)
     return v
 
@@ -129,6 +130,10 @@ class LlamaModel(PretrainedModel):
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
     # The values the config class reads, with its defaults (a variant declares its own).
     config_values: ClassVar[Mapping[str, Value]] = LLAMA_VALUES
+    # The config key naming the MLP's activation (Gemma 2's is `hidden_activation`).
+    activation_key: ClassVar[str] = "hidden_act"
+    # How the layers' norms, attention and MLP are built (a variant's own parts).
+    layer_parts: ClassVar[LayerParts] = LayerParts()
 
     embed_tokens: nn.Embedding
     layers: nn.Stack
@@ -137,6 +142,8 @@ class LlamaModel(PretrainedModel):
     sliding_window: int | None = field(static=True)
     layer_kinds: tuple[int, ...] = field(static=True)
     packed_sequences: bool = field(static=True)
+    # The sliding-window layers' own RoPE (Gemma 3's local base frequency); None: one for all.
+    rotary_emb_local: Rope | None = None
 
     @classmethod
     def from_config(
@@ -178,6 +185,25 @@ class LlamaModel(PretrainedModel):
         v["layer_kinds"] = tuple(0 for _ in range(v["num_hidden_layers"]))
 
     @classmethod
+    def rotary(cls, owner: str, v: Mapping[str, Any]) -> tuple[Rope, Rope | None]:
+        """The RoPE tables: all layers', and the sliding-window layers' own (`None`: the same).
+
+        Arguments:
+            owner: the model class's name, for messages.
+            v: the config values, completed by `variant_rules`.
+
+        Returns:
+            `(rope, local_rope)`.
+        """
+        params = rope_config(owner, v, v["max_position_embeddings"])
+        rope = Rope.from_config(owner, params, v["head_dim"], v["max_position_embeddings"])
+        return rope, None
+
+    def embed(self, ids: Array) -> Array:
+        """The token embeddings the first layer reads (Gemma scales them)."""
+        return self.embed_tokens(ids)
+
+    @classmethod
     def _build(
         cls,
         config: PretrainedConfig,
@@ -188,9 +214,9 @@ class LlamaModel(PretrainedModel):
     ) -> Self:
         owner = cls.__name__ if owner is None else owner
         dtype = jnp.float32 if dtype is None else dtype
-        params = rope_config(owner, v, v["max_position_embeddings"])
-        rope = Rope.from_config(owner, params, v["head_dim"], v["max_position_embeddings"])
+        rope, local_rope = cls.rotary(owner, v)
         k_embed, k_layers = jax.random.split(key)
+        parts = cls.layer_parts
         return cls(
             config=config,
             embed_tokens=nn.Embedding(
@@ -201,10 +227,13 @@ class LlamaModel(PretrainedModel):
                 key=k_embed,
             ),
             layers=nn.Stack(
-                lambda k: build_layer(v, dtype, key=k), v["num_hidden_layers"], key=k_layers
+                lambda k: build_layer(v, dtype, key=k, parts=parts),
+                v["num_hidden_layers"],
+                key=k_layers,
             ),
-            norm=nn.RMSNorm(v["hidden_size"], v["rms_norm_eps"], use_bias=False, dtype=dtype),
+            norm=parts.norm(v["hidden_size"], v["rms_norm_eps"], dtype),
             rotary_emb=rope,
+            rotary_emb_local=local_rope,
             sliding_window=v["sliding_window"],
             layer_kinds=v["layer_kinds"],
             packed_sequences=not v.get("use_cache", True),
@@ -261,11 +290,16 @@ class LlamaModel(PretrainedModel):
         key: PRNGKeyArray | None = None,
     ) -> tuple[Array, MaybeCache]:
         """Embed, run the layers (one mask per attention kind, made by `make_mask(window)`)."""
-        hidden = self.embed_tokens(ids)
-        cos, sin = self.rotary_emb(positions, hidden.dtype)
+        hidden = self.embed(ids)
         kinds = sorted(set(self.layer_kinds))
         windows = [None if kind == 0 else self.sliding_window for kind in kinds]
         masks = jnp.stack([make_mask(w) for w in windows])
+        if self.rotary_emb_local is None:
+            cos, sin = (t[None] for t in self.rotary_emb(positions, hidden.dtype))
+        else:
+            ropes = [self.rotary_emb if kind == 0 else self.rotary_emb_local for kind in kinds]
+            tables = [rope(positions, hidden.dtype) for rope in ropes]
+            cos, sin = (jnp.stack(t) for t in zip(*tables, strict=True))
         index = jnp.asarray([kinds.index(kind) for kind in self.layer_kinds], jnp.int32)
         carry = (hidden, jnp.zeros((), jnp.int32), cache)
         hidden, _, cache = self.layers(carry, cos, sin, masks, index, key=key)
@@ -331,7 +365,12 @@ class LlamaForCausalLM(CausalLM):
             dtype,
             key=k_head,
         )
-        return cls(config=config, model=body, lm_head=head)
+        return cls(config=config, model=body, lm_head=head, **cls.head_options(v))
+
+    @classmethod
+    def head_options(cls, v: Mapping[str, Any]) -> dict[str, Any]:
+        """A variant's own fields from the config values (Gemma 2's final soft-capping)."""
+        return {}
 
     def lm_parts(self) -> LMParts:
         """`model`, `model.embed_tokens`, `lm_head`."""

@@ -156,7 +156,13 @@ class Rope(Module):
 
     @classmethod
     def from_config(
-        cls, owner: str, params: Mapping[str, Any], head_dim: int, max_positions: int
+        cls,
+        owner: str,
+        params: Mapping[str, Any],
+        head_dim: int,
+        max_positions: int,
+        *,
+        partial_rotary: bool = False,
     ) -> Rope:
         """The tables for standardised RoPE `params` (from `rope_config`).
 
@@ -165,6 +171,8 @@ class Rope(Module):
             params: `rope_config`'s dict.
             head_dim: the attention heads' size.
             max_positions: the config's `max_position_embeddings`.
+            partial_rotary: the model rotates the first `partial_rotary_factor` of each head with
+                every rope type (Phi-3's rotary); else only `"proportional"` reads the factor.
 
         Returns:
             The `Rope`.
@@ -174,8 +182,12 @@ class Rope(Module):
         if head_dim % 2:
             raise config_error(owner, "head_dim", head_dim, "an even head size for RoPE")
         partial = params.get("partial_rotary_factor", 1.0)
-        dim = head_dim if kind == "default" else int(head_dim * partial)
-        if kind != "proportional" and dim != head_dim:
+        dim = head_dim if kind == "default" and not partial_rotary else int(head_dim * partial)
+        if partial_rotary and (dim % 2 or dim < 2):
+            raise config_error(
+                owner, "rope_parameters.partial_rotary_factor", partial, "an even rotary size"
+            )
+        if not partial_rotary and kind != "proportional" and dim != head_dim:
             raise config_error(
                 owner,
                 "rope_parameters.partial_rotary_factor",
@@ -268,9 +280,13 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
         sin: `Rope`'s sine table.
 
     Returns:
-        `x * cos + rotate_half(x) * sin`, as `transformers`' `apply_rotary_pos_emb`.
+        `x * cos + rotate_half(x) * sin`, as `transformers`' `apply_rotary_pos_emb`; tables
+        narrower than `x` (a partial rotary) turn its first features only, as Phi-3's.
     """
-    half = x.shape[-1] // 2
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:  # partial rotary: the first `dim` features turn, the rest pass
+        return jnp.concatenate([apply_rope(x[..., :dim], cos, sin), x[..., dim:]], axis=-1)
+    half = dim // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, :, None] + rotated * sin[:, :, None]
 
