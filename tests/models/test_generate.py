@@ -25,6 +25,7 @@ from treemod.models import (
     Qwen2ForCausalLM,
     generate,
 )
+from treemod.models.llama_variants import Qwen3ForCausalLM
 
 # A wide initialisation spreads the logits, so greedy choices are far from ties.
 _LLAMA = {
@@ -59,6 +60,19 @@ CASES: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {
             "sliding_window": 3,
             "max_window_layers": 1,
             "tie_word_embeddings": True,
+        },
+    ),
+    # q/k norms; layer 1 a sliding window.
+    "qwen3": (
+        transformers.Qwen3ForCausalLM,
+        transformers.Qwen3Config,
+        Qwen3ForCausalLM,
+        {
+            **_LLAMA,
+            "head_dim": 8,
+            "use_sliding_window": True,
+            "sliding_window": 3,
+            "max_window_layers": 1,
         },
     ),
     "llama-rope-llama3": (

@@ -1,10 +1,11 @@
-"""Mistral and Qwen2: the Llama implementation with only what their config classes differ in.
+"""Mistral, Qwen2 and Qwen3: the Llama implementation with only what their configs differ in.
 
 Each variant declares the values its config class reads (`config_values`, with its defaults)
 and its rules (`variant_rules`). Mistral has no biases and a sliding window (`sliding_window`,
 default 4096, null for none) on every layer; Qwen2 has biases on q, k and v, and sliding windows
 on the layers its `layer_types` name (by default, with `use_sliding_window`, the layers from
-`max_window_layers` on).
+`max_window_layers` on); Qwen3 is Qwen2 with `attention_bias` on q, k, v and o and an RMSNorm over
+each head of the queries and keys (`q_norm`, `k_norm`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from treemod.models._llama import COMMON_VALUES, LlamaForCausalLM, LlamaModel
 __all__ = [
     "MISTRAL_VALUES",
     "QWEN2_VALUES",
+    "QWEN3_VALUES",
     "MistralForCausalLM",
     "MistralModel",
     "Qwen2ForCausalLM",
     "Qwen2Model",
+    "Qwen3ForCausalLM",
+    "Qwen3Model",
 ]
 
 MISTRAL_VALUES: dict[str, Value] = {
@@ -46,6 +50,13 @@ QWEN2_VALUES: dict[str, Value] = {
     "layer_types": Value(None),
 }
 """The values `Qwen2Config` reads, with its defaults."""
+
+QWEN3_VALUES: dict[str, Value] = {
+    **QWEN2_VALUES,
+    "head_dim": Value(128, "size", nullable=True),
+    "attention_bias": Value(False),
+}
+"""The values `Qwen3Config` reads, with its defaults."""
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -126,5 +137,35 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     body: ClassVar[type[LlamaModel]] = Qwen2Model
 
 
-for _cls in (MistralModel, MistralForCausalLM, Qwen2Model, Qwen2ForCausalLM):
+class Qwen3Model(Qwen2Model):
+    """Qwen3's decoder: Qwen2's windows, `attention_bias` on q, k, v and o, q and k normed."""
+
+    architecture: ClassVar[str] = "Qwen3Model"
+    model_type: ClassVar[str] = "qwen3"
+    config_values: ClassVar[Mapping[str, Value]] = QWEN3_VALUES
+
+    @classmethod
+    def variant_rules(cls, owner: str, v: dict[str, Any]) -> None:
+        """Qwen2's sliding windows; `attention_bias` on all four projections; q/k norms."""
+        super().variant_rules(owner, v)
+        v["qkv_bias"] = v["o_bias"] = bool(v["attention_bias"])
+        v["qk_norm"] = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3 with its language-modelling head (see `LlamaForCausalLM`)."""
+
+    architecture: ClassVar[str] = "Qwen3ForCausalLM"
+    model_type: ClassVar[str] = "qwen3"
+    body: ClassVar[type[LlamaModel]] = Qwen3Model
+
+
+for _cls in (
+    MistralModel,
+    MistralForCausalLM,
+    Qwen2Model,
+    Qwen2ForCausalLM,
+    Qwen3Model,
+    Qwen3ForCausalLM,
+):
     register_architecture(_cls)
