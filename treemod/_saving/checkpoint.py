@@ -30,8 +30,9 @@ from treemod._saving.leaves import (
     wrap_key,
 )
 from treemod._saving.multihost import check_addressable
+from treemod._saving.safetensors_dtypes import DTYPES
 from treemod._saving.safetensors_read import open_checkpoint
-from treemod._saving.safetensors_write import DTYPES, write_checkpoint
+from treemod._saving.safetensors_write import write_checkpoint
 from treemod._tree.filters import is_array
 from treemod._tree.tree_at import tree_at
 

@@ -24,16 +24,9 @@ import numpy as np
 from treemod._saving.atomic_file import special_file_kind
 from treemod._saving.errors import CheckpointError
 from treemod._saving.file_objects import check_file_object
+from treemod._saving.safetensors_dtypes import CODE_TO_NAME, DTYPES, storage
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, HeaderError, parse_header
-from treemod._saving.safetensors_write import (
-    CODE_TO_NAME,
-    DTYPES,
-    FORMAT,
-    VERSION,
-    TensorInfo,
-    header_digest,
-    storage,
-)
+from treemod._saving.safetensors_write import FORMAT, VERSION, TensorInfo, header_digest
 
 __all__ = ["Reader", "check_readable", "open_checkpoint", "seekable"]
 

@@ -36,82 +36,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
-import ml_dtypes
 import numpy as np
-from numpy.typing import DTypeLike
 
 from treemod._saving.atomic_file import replace_atomically
 from treemod._saving.file_objects import check_file_object, file_label
+from treemod._saving.safetensors_dtypes import DTYPES, STANDARD, dtype_name, storage
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, MAX_TENSORS
 
-__all__ = ["DTYPES", "TensorInfo", "write_checkpoint"]
+__all__ = ["TensorInfo", "write_checkpoint", "write_tensors"]
 
 FORMAT = "treemod"
 VERSION = 1
-
-# Dtype name -> safetensors code, for the dtypes that safetensors (and PyTorch) know.
-_STANDARD = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "int8": "I8",
-    "uint16": "U16",
-    "int16": "I16",
-    "uint32": "U32",
-    "int32": "I32",
-    "uint64": "U64",
-    "int64": "I64",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float32": "F32",
-    "float64": "F64",
-    "complex64": "C64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ",
-    "float8_e5m2fnuz": "F8_E5M2FNUZ",
-}
-CODE_TO_NAME = {code: name for name, code in _STANDARD.items()}
-
-_ML_NAMES = (
-    "bfloat16 float8_e3m4 float8_e4m3 float8_e4m3b11fnuz float8_e4m3fn float8_e4m3fnuz "
-    "float8_e5m2 float8_e5m2fnuz float8_e8m0fnu float4_e2m1fn float6_e2m3fn float6_e3m2fn "
-    "int1 int2 int4 uint1 uint2 uint4"
-).split()
-_NUMPY_NAMES = (
-    "bool uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64 "
-    "complex64 complex128"
-).split()
-
-# The only dtypes a file may name: looked up in this table, never by getattr on file contents.
-DTYPES: dict[str, np.dtype] = {n: np.dtype(n) for n in _NUMPY_NAMES}
-DTYPES.update({n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_NAMES if hasattr(ml_dtypes, n)})
-
-
-def dtype_name(dtype_like: DTypeLike) -> str:
-    """The name under which `dtype_like` is stored; raises `TypeError` for unsupported dtypes."""
-    dtype = np.dtype(dtype_like)
-    name = dtype.name
-    if DTYPES.get(name) != dtype.newbyteorder("="):
-        raise TypeError(
-            f"dtype {dtype} cannot be saved: checkpoints hold bool, integer, floating, complex "
-            "and ml_dtypes arrays."
-        )
-    return name
-
-
-def storage(name: str, shape: tuple[int, ...]) -> tuple[str, list[int]]:
-    """The safetensors dtype code and shape under which an array of dtype `name` is stored.
-
-    Standard dtypes are stored as themselves. complex128 is stored as F64 with a trailing axis of
-    2 (real, imaginary); other dtypes as their raw bytes: U8 with the same shape when they take
-    one byte an element (int4, float8 variants, ...), else with a trailing axis of the item size.
-    """
-    if name in _STANDARD:
-        return _STANDARD[name], list(shape)
-    if name == "complex128":
-        return "F64", [*shape, 2]
-    itemsize = DTYPES[name].itemsize
-    return "U8", list(shape) if itemsize == 1 else [*shape, itemsize]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,13 +96,22 @@ def _hash_all(entries: Sequence[tuple[Any, ...]], digests: dict[str, str]) -> No
         digests[name] = _sha256(_fetch(name, array))
 
 
-def _fetch(name: str, array: Any) -> memoryview:
+def _fetch(name: str, array: Any, caller: str = "save") -> memoryview:
     try:
         return _host_bytes(array)
     except Exception as e:
         raise RuntimeError(
-            f"save: could not fetch the array at {name} ({type(e).__name__}: {e})"
+            f"{caller}: could not fetch the array at {name} ({type(e).__name__}: {e})"
         ) from e
+
+
+def _check_header_size(header: bytes, caller: str) -> None:
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"{caller}: the checkpoint's header would be {len(header):,} bytes, more than the "
+            f"{MAX_HEADER_BYTES:,} bytes safetensors readers accept (very long str leaves or key "
+            "paths?). Store large data as arrays."
+        )
 
 
 def _write(
@@ -176,21 +120,29 @@ def _write(
     metadata: dict[str, str],
     *,
     rewrite_header: bool = True,
+    treemod_format: bool = True,
+    caller: str = "save",
 ) -> None:
     """Write a checkpoint to the binary file `f`, streaming one tensor at a time.
 
     With `rewrite_header`, each array is hashed while it is written and the checksums go into
     the header last (one seek back: a plain file or `io.BytesIO`). Without, every array is
     hashed first and the file is written front to back, so any stream works (append mode,
-    `gzip.open`, pipes), at the cost of fetching each array twice."""
+    `gzip.open`, pipes), at the cost of fetching each array twice. Without `treemod_format`,
+    the file is plain safetensors (`metadata` only, no checksums; safetensors' dtypes only)."""
     if len(tensors) > MAX_TENSORS:
         raise ValueError(
-            f"save: the tree has {len(tensors):,} arrays, more than the {MAX_TENSORS:,} a "
+            f"{caller}: the tree has {len(tensors):,} arrays, more than the {MAX_TENSORS:,} a "
             "checkpoint may hold. Stack many small arrays into fewer large ones."
         )
     entries = []
     for name, array in tensors:
         dname = dtype_name(array.dtype)
+        if not treemod_format and dname not in STANDARD:
+            raise TypeError(
+                f"{caller}: tensor {name!r} is {dname}, which a safetensors file cannot hold "
+                f"(it holds {', '.join(STANDARD)}); cast it first."
+            )
         code, shape = storage(dname, tuple(array.shape))
         nbytes = math.prod(array.shape) * DTYPES[dname].itemsize
         entries.append((name, array, dname, code, shape, nbytes))
@@ -201,8 +153,16 @@ def _write(
     for name, _, _, code, shape, nbytes in entries:
         table[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
+    if not treemod_format:
+        header = _encode_header(table, dict(metadata))
+        _check_header_size(header, caller)
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for name, array, *_ in entries:
+            f.write(_fetch(name, array, caller))
+        return
     meta = {"treemod.format": FORMAT, "treemod.version": str(VERSION)}
-    meta["treemod.dtypes"] = canonical({e[0]: e[2] for e in entries if e[2] not in _STANDARD})
+    meta["treemod.dtypes"] = canonical({e[0]: e[2] for e in entries if e[2] not in STANDARD})
     meta.update(metadata)
     meta["treemod.header_sha256"] = header_digest(table, meta)
     digests = {name: "0" * 64 for name in table}
@@ -210,12 +170,7 @@ def _write(
         _hash_all(entries, digests)
     meta["treemod.sha256"] = canonical(digests)
     header = _encode_header(table, meta)
-    if len(header) > MAX_HEADER_BYTES:
-        raise ValueError(
-            f"save: the checkpoint's header would be {len(header):,} bytes, more than the "
-            f"{MAX_HEADER_BYTES:,} bytes safetensors readers accept (very long str leaves or key "
-            "paths?). Store large data as arrays."
-        )
+    _check_header_size(header, caller)
 
     start = f.tell() if rewrite_header else 0
     f.write(struct.pack("<Q", len(header)))
@@ -228,7 +183,7 @@ def _write(
                     entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
                 except Exception:  # reported, with its name, when that array is fetched
                     pass
-            data = _fetch(name, array)
+            data = _fetch(name, array, caller)
             if rewrite_header:
                 digest = hasher.submit(_sha256, data)
                 f.write(data)
@@ -284,3 +239,24 @@ def write_checkpoint(
         _write(target, tensors, metadata, rewrite_header=_can_rewrite_header(target))
         return
     replace_atomically(os.fspath(target), lambda f: _write(f, tensors, metadata))
+
+
+def write_tensors(
+    path: str | os.PathLike[str],
+    tensors: Sequence[tuple[str, Any]],
+    metadata: dict[str, str],
+    caller: str,
+) -> None:
+    """Write named arrays to `path` as a plain safetensors file (what `safetensors` and PyTorch
+    read), one tensor at a time (each fetched from its device once).
+
+    Arguments:
+        path: the file (`save_pretrained` and `save_adapter` write a temporary file, fsync and
+            rename it: see `atomic_file.py`).
+        tensors: `(name, array)` pairs, arrays of safetensors' dtypes.
+        metadata: the header's `__metadata__` (`{"format": "pt"}` for `transformers`).
+        caller: the function named in errors (an array that cannot be fetched, e.g. donated,
+            is named with its tensor).
+    """
+    with open(path, "wb") as f:
+        _write(f, tensors, metadata, rewrite_header=False, treemod_format=False, caller=caller)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .report import StateDictMismatch, StateDictReport
+from .report import StateDictReport, compare_tensors
 
 if TYPE_CHECKING:
     from .sources import Source
@@ -164,36 +164,13 @@ def load_state_dict(
     return new if strict else (new, report)
 
 
-def _compatible(found: Any, needed: Any) -> bool:
-    """Whether values of dtype `found` may be cast to `needed` without changing their kind."""
-    for kind in (jnp.floating, jnp.integer, jnp.bool_):
-        if jnp.issubdtype(needed, kind):
-            return bool(jnp.issubdtype(found, kind))
-    if jnp.issubdtype(needed, jnp.complexfloating):
-        return bool(jnp.issubdtype(found, jnp.inexact))
-    return bool(found == needed)
-
-
 def _compare(
     expected: Mapping[str, jax.ShapeDtypeStruct], source: Source
 ) -> tuple[StateDictReport, list[str]]:
     names = source.names()
-    have = set(names)
-    missing = tuple(sorted(n for n in expected if n not in have))
+    found = {name: source.info(name) for name in names if name in expected}
+    missing, mismatched, fits = compare_tensors(expected, found)
     unexpected = tuple(sorted(n for n in names if n not in expected))
-    mismatched: list[StateDictMismatch] = []
-    fits: list[str] = []
-    for name, needed in expected.items():
-        if name not in have:
-            continue
-        shape, dtype = source.info(name)
-        if shape != tuple(needed.shape) or not _compatible(dtype, needed.dtype):
-            mismatched.append(
-                StateDictMismatch(name, tuple(needed.shape), str(needed.dtype), shape, str(dtype))
-            )
-        else:
-            fits.append(name)
-    mismatched.sort(key=lambda m: m.name)
     return StateDictReport(missing, unexpected, tuple(mismatched), source.path), fits
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["StateDictReport", "StateDictMismatch"]
+import jax.numpy as jnp
+
+__all__ = ["StateDictMismatch", "StateDictReport", "compare_tensors", "compatible"]
 
 
 def _describe(shape: tuple[int, ...], dtype: Any) -> str:
@@ -90,3 +93,55 @@ class StateDictReport:
         for m in self.mismatched:
             lines.append(f"  mismatched: {m.reason}")
         return "\n".join(lines)
+
+
+def compatible(found: Any, needed: Any) -> bool:
+    """Whether values of dtype `found` may be cast to `needed` without changing their kind
+    (floating, integer, bool; a complex tensor takes real or complex values)."""
+    for kind in (jnp.floating, jnp.integer, jnp.bool_):
+        if jnp.issubdtype(needed, kind):
+            return bool(jnp.issubdtype(found, kind))
+    if jnp.issubdtype(needed, jnp.complexfloating):
+        return bool(jnp.issubdtype(found, jnp.inexact))
+    return bool(found == needed)
+
+
+def compare_tensors(
+    expected: Mapping[str, Any],
+    found: Mapping[str, tuple[tuple[int, ...], Any]],
+    reported_as: Mapping[str, str] | None = None,
+) -> tuple[tuple[str, ...], list[StateDictMismatch], list[str]]:
+    """The one comparison of what a model needs with what a source holds, for
+    `load_state_dict` and `from_pretrained`.
+
+    Arguments:
+        expected: `{name: jax.ShapeDtypeStruct}`, the tensors the model needs.
+        found: `{name: (shape, dtype)}` of the tensors the source holds under the model's names.
+        reported_as: the name to report a mismatch under (a file's own name), where it differs.
+
+    Returns:
+        `(missing, mismatched, fits)`: the sorted names the source lacks, the mismatches sorted
+        by name, and the names that load.
+    """
+    reported_as = reported_as or {}
+    missing = tuple(sorted(n for n in expected if n not in found))
+    mismatched: list[StateDictMismatch] = []
+    fits: list[str] = []
+    for name, needed in expected.items():
+        if name not in found:
+            continue
+        shape, dtype = found[name]
+        if tuple(shape) != tuple(needed.shape) or not compatible(dtype, needed.dtype):
+            mismatched.append(
+                StateDictMismatch(
+                    reported_as.get(name, name),
+                    tuple(needed.shape),
+                    str(needed.dtype),
+                    tuple(shape),
+                    str(dtype),
+                )
+            )
+        else:
+            fits.append(name)
+    mismatched.sort(key=lambda m: m.name)
+    return missing, mismatched, fits

@@ -17,29 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_files import TensorFiles
 
 __all__ = ["Source", "open_source"]
-
-# safetensors' dtype codes.
-_SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-    "C64": "complex64",
-}
 
 
 def _is_torch_tensor(x: Any) -> bool:
@@ -114,66 +94,25 @@ class _MappingSource(Source):
 
 class _SafetensorsSource(Source):
     def __init__(self, paths: list[str]) -> None:
-        import safetensors
-
         self.path = paths[0] if len(paths) == 1 else None
         self.description = (
             paths[0] if len(paths) == 1 else f"the checkpoint in {len(paths)} safetensors files"
         )
-        self.files: list[Any] = []
-        self.file_of: dict[str, tuple[str, Any]] = {}
-        try:
-            for path in paths:
-                if not os.path.isfile(path):
-                    raise CheckpointError(f"load_state_dict: {path} is not a file.")
-                try:
-                    f = safetensors.safe_open(path, framework="numpy")
-                except Exception as e:  # safetensors raises its own error types
-                    raise CheckpointError(
-                        f"load_state_dict: {path} is not a readable safetensors file ({e})."
-                    ) from None
-                self.files.append(f)
-                for name in f.keys():  # type: ignore[no-untyped-call]
-                    if name in self.file_of:
-                        raise CheckpointError(
-                            f"load_state_dict: tensor {name!r} is in both "
-                            f"{self.file_of[name][0]} and {path}."
-                        )
-                    self.file_of[name] = (path, f)
-        except BaseException:
-            self.close()
-            raise
+        self.files = TensorFiles(paths, "load_state_dict")
 
     def names(self) -> list[str]:
-        return list(self.file_of)
+        return list(self.files.tensors)
 
     def info(self, name: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
-        path, f = self.file_of[name]
-        part = f.get_slice(name)
-        code = part.get_dtype()
-        if code not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(
-                f"load_state_dict: tensor {name!r} in {path} has dtype {code}, which treemod "
-                f"does not read (it reads {', '.join(_SAFETENSORS_DTYPES)})."
-            )
-        return tuple(part.get_shape()), jnp.dtype(_SAFETENSORS_DTYPES[code])
+        info = self.files.tensors[name]
+        return info.shape, info.dtype
 
     def read(self, name: str) -> Any:
-        path, f = self.file_of[name]
-        try:
-            return f.get_tensor(name)
-        except Exception as e:
-            raise CheckpointError(
-                f"load_state_dict: tensor {name!r} could not be read from {path} ({e})."
-            ) from None
+        return self.files.read(name)
 
     def where(self, name: str) -> str:
-        return self.file_of[name][0] if name in self.file_of else self.description
-
-    def close(self) -> None:
-        # safe_open handles release their memory map when dropped.
-        self.files.clear()
-        self.file_of.clear()
+        info = self.files.tensors.get(name)
+        return str(info.file) if info is not None else self.description
 
 
 def open_source(state_dict: Any) -> Source:

@@ -15,7 +15,8 @@ import numpy as np
 
 from treemod._saving.atomic_file import replace_set_atomically
 from treemod._saving.errors import CheckpointError
-from treemod._saving.safetensors_read import open_checkpoint
+from treemod._saving.safetensors_files import TensorFiles
+from treemod._saving.safetensors_write import write_tensors
 from treemod._state_dict.api import load_state_dict, state_dict
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import expected_tensors
@@ -99,8 +100,6 @@ def save_adapter(
         >>> sorted(os.listdir(d))
         ['adapter_config.json', 'adapter_model.safetensors']
     """
-    from safetensors.numpy import save_file
-
     layers = _adapted(model)
     if not layers:
         raise ValueError("save_adapter: the model has no LoRA layers (add them with add_lora).")
@@ -111,7 +110,7 @@ def save_adapter(
             "treemod.lora.unmerge(model) first (a merged model would load with the update twice)."
         )
     tensors = {
-        PREFIX + name: np.ascontiguousarray(value)
+        PREFIX + name: value
         for name, value in state_dict(model).items()
         if any(f".{name.rsplit('.', 2)[-2]}." in p for p in _PARTS)
         and name.rsplit(".", 2)[0] in layers
@@ -136,12 +135,13 @@ def save_adapter(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    items, meta, caller = list(tensors.items()), {"format": "pt"}, "save_adapter"
     # Config and weights are written as a set: both to temporaries first, then renamed, so a
     # failure (a full disk) leaves the old adapter whole (see atomic_file.py).
     replace_set_atomically(
         [
             (str(out / CONFIG), lambda tmp: Path(tmp).write_text(text)),
-            (str(out / WEIGHTS), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
+            (str(out / WEIGHTS), lambda tmp: write_tensors(tmp, items, meta, caller)),
         ],
         caller="save_adapter",
     )
@@ -259,25 +259,12 @@ def _check_ranks(weights: Path, shapes: dict[str, tuple[int, ...]], r: int, file
 
 def _read_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
     """The tensors' shapes, from the validated header (no tensor is read)."""
-    try:
-        with open_checkpoint(weights, allow_foreign=True) as reader:
-            return {i.name: tuple(i.shape) for i in reader.tensors.values()}
-    except CheckpointError as e:
-        raise CheckpointError(f"load_adapter: {e}") from None
+    return {i.name: i.shape for i in TensorFiles([weights], "load_adapter").tensors.values()}
 
 
 def _load_arrays(weights: Path, names: set[str]) -> dict[str, np.ndarray]:
-    try:
-        with open_checkpoint(weights, allow_foreign=True) as reader:
-            out = {}
-            for name in sorted(names):
-                info = reader.tensors[name]
-                buf = reader.read_bytes(info)
-                reader.check(info, buf)
-                out[name] = reader.as_array(info, buf)
-            return out
-    except CheckpointError as e:
-        raise CheckpointError(f"load_adapter: {e}") from None
+    files = TensorFiles([weights], "load_adapter")
+    return {name: files.read(name) for name in sorted(names)}
 
 
 def _take_config(model: Any, config: dict[str, Any], file: Path) -> Any:

@@ -21,19 +21,13 @@ import jax.tree_util as jtu
 import numpy as np
 
 from treemod._saving.errors import CheckpointError
+from treemod._saving.safetensors_files import FileTensor, aligned_empty
 from treemod._state_dict.layers import NATIVE_HOOKS
-from treemod._state_dict.report import StateDictMismatch, StateDictReport
+from treemod._state_dict.report import StateDictMismatch, StateDictReport, compare_tensors
 from treemod._state_dict.walk import expected_tensors, name_tensors, rebuild
 from treemod._transforms.eval_shape import filter_eval_shape
 from treemod.models._base import PretrainedModel, architecture_class
-from treemod.models._files import (
-    CONFIG,
-    Checkpoint,
-    TensorInfo,
-    aligned_empty,
-    directory_of,
-    read_config,
-)
+from treemod.models._files import CONFIG, Checkpoint, directory_of, read_config
 from treemod.models._names import base_prefix, ignored, model_names
 from treemod.models._plan import Computed, Recipe, Stacked, Tensor, plan, recipe_path
 from treemod.models._sharding import ShardingFunction, ShardingLike, sharding_function
@@ -179,16 +173,9 @@ def _checkpoint_dtype(checkpoint: Checkpoint) -> Any:
     return counts.most_common(1)[0][0] if counts else jnp.dtype(jnp.float32)
 
 
-def _compatible(found: Any, needed: Any) -> bool:
-    for kind in (jnp.floating, jnp.integer, jnp.bool_):
-        if jnp.issubdtype(needed, kind):
-            return bool(jnp.issubdtype(found, kind))
-    return bool(found == needed)
-
-
 def _compare(
     expected: Mapping[str, jax.ShapeDtypeStruct],
-    files: Mapping[str, TensorInfo],
+    files: Mapping[str, FileTensor],
     tied: Mapping[str, str],
     directory: str,
     model_cls: type,
@@ -204,17 +191,10 @@ def _compare(
             else:  # only the alias was written: the tied array loads from it
                 source_of[target] = alias
     used = set(source_of.values()) | {a for a, _ in to_check}
-    missing = tuple(sorted(n for n in expected if n not in source_of))
     unexpected = tuple(sorted(n for n in files if n not in used and not ignored(n, model_cls)))
-    mismatched: list[StateDictMismatch] = []
-    for name in list(source_of):
-        info, needed = files[source_of[name]], expected[name]
-        if info.shape != tuple(needed.shape) or not _compatible(info.dtype, needed.dtype):
-            shape, dtype = tuple(needed.shape), str(needed.dtype)
-            mismatched.append(
-                StateDictMismatch(source_of[name], shape, dtype, info.shape, str(info.dtype))
-            )
-            del source_of[name]
+    found = {n: (files[src].shape, files[src].dtype) for n, src in source_of.items()}
+    missing, mismatched, fits = compare_tensors(expected, found, source_of)
+    source_of = {name: source_of[name] for name in fits}
     for alias, target in list(to_check):
         info, needed = files[alias], expected[target]
         if info.shape != tuple(needed.shape):
@@ -226,7 +206,7 @@ def _compare(
     return report, source_of, to_check
 
 
-def _message(model: Any, files: Mapping[str, TensorInfo], report: StateDictReport) -> str:
+def _message(model: Any, files: Mapping[str, FileTensor], report: StateDictReport) -> str:
     lines = [
         f"from_pretrained({type(model).__name__}): the tensors in {report.source} do "
         f"not match the model:",

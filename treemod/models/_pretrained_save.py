@@ -19,8 +19,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from treemod._saving.safetensors_write import write_tensors
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import name_tensors
 from treemod.models._base import PretrainedModel
@@ -41,6 +41,8 @@ _UNITS = {
     "TIB": 2**40,
 }
 _SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+# What transformers writes in a weight file's header; the errors name save_pretrained.
+META, CALLER = {"format": "pt"}, "save_pretrained"
 
 
 def parse_size(size: int | str) -> int:
@@ -57,13 +59,14 @@ def parse_size(size: int | str) -> int:
     )
 
 
-def _host(value: Any) -> np.ndarray:
+def _host(name: str, value: Any) -> Any:
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         raise ValueError(
-            "save_pretrained: the model holds arrays split across processes; gather them on "
-            "one process first (jax.experimental.multihost_utils.process_allgather)."
+            f"save_pretrained: the model holds arrays split across processes ({name!r} is "
+            f"one); gather them on one process first "
+            f"(jax.experimental.multihost_utils.process_allgather)."
         )
-    return np.asarray(value, order="C")  # (ascontiguousarray would make a scalar 1-d)
+    return value
 
 
 def _dtype_name(tensors: dict[str, Any]) -> str:
@@ -109,8 +112,6 @@ def save_pretrained(
         >>> "model.safetensors.index.json" in os.listdir(directory)
         True
     """
-    from safetensors.numpy import save_file
-
     if not isinstance(model, PretrainedModel):
         raise TypeError(
             f"save_pretrained: {type(model).__name__} is not a treemod.models.PretrainedModel; "
@@ -149,7 +150,7 @@ def save_pretrained(
         for file, names in files.items():
             temporary = directory / f".tmp-{os.getpid()}-{file}"
             written.append((temporary, directory / file))
-            save_file({n: _host(tensors[n]) for n in names}, str(temporary), {"format": "pt"})
+            write_tensors(temporary, [(n, _host(n, tensors[n])) for n in names], META, CALLER)
             _fsync(temporary)
         if len(files) > 1:
             total = sum(int(v.size) * v.dtype.itemsize for v in tensors.values())
