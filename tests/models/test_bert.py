@@ -1,4 +1,4 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) against `transformers`.
+"""BERT (`BertModel` and its masked-LM, sequence and token classifiers) against `transformers`.
 
 Reference: `transformers`' own classes, random-initialised from small configs in the test, in
 `eval()` mode; weights move with `tm.load_state_dict(model, hf_model.state_dict())` and back
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from bert_family_checks import check_lora, check_position_ids_skipped
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from treemod.models import (
     from_pretrained,
     save_pretrained,
 )
+from treemod.models.bert import BertForTokenClassification
 
 CLASSES = {
     "BertModel": (BertModel, transformers.BertModel),
@@ -36,6 +38,10 @@ CLASSES = {
     "BertForSequenceClassification": (
         BertForSequenceClassification,
         transformers.BertForSequenceClassification,
+    ),
+    "BertForTokenClassification": (
+        BertForTokenClassification,
+        transformers.BertForTokenClassification,
     ),
 }
 TINY = {
@@ -114,9 +120,9 @@ def test_state_dict_names_are_transformers_names(name: str) -> None:
     model = CLASSES[name][0].from_config(TINY, key=jax.random.key(0))
     ours = set(tm.state_dict(model)) | set(model.tied_weights())
     assert ours == set(hf.state_dict())
-    # The pooler: BertModel and the classifier have it, the masked-LM model has none.
+    # The pooler: BertModel and the sequence classifier have it, the other heads none.
     assert ("bert.pooler.dense.weight" in ours or "pooler.dense.weight" in ours) == (
-        name != "BertForMaskedLM"
+        name in ("BertModel", "BertForSequenceClassification")
     )
 
 
@@ -262,3 +268,17 @@ def test_bad_inputs_are_named() -> None:
         model(input_ids=np.array([[1, 2, 3]]), token_type_ids=np.array([[0, 1]]))
     with pytest.raises(ValueError, match=r"attention_mask has shape \(3,\)"):
         model(input_ids=np.array([[1, 2, 3]]), attention_mask=np.ones(3))
+
+
+def test_old_position_ids_buffer_is_skipped(tmp_path: Any) -> None:
+    hf = _hf("BertForMaskedLM", TINY)
+    check_position_ids_skipped(BertForMaskedLM, transformers.BertForMaskedLM, hf, tmp_path)
+
+
+# PEFT 0.21 reads transformers' deprecated property; the warning is theirs, not treemod's.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_lora_with_peft_names(tmp_path: Any) -> None:
+    hf = _hf("BertForTokenClassification", TINY)
+    model = _ours("BertForTokenClassification", hf)
+    inputs = _inputs(np.random.default_rng(4), 2, 6, TINY)
+    check_lora(model, hf, ["query", "value"], inputs, tmp_path)

@@ -1,18 +1,20 @@
-"""BERT: `BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`.
+"""BERT: `BertModel` and its heads (masked LM, sequence and token classification).
 
 Each reads every `BertConfig` value `transformers`' class reads and refuses, by name, the ones
 it does not compute (a decoder, cross-attention, relative position embeddings, an activation
 with parameters). Models are built in inference mode (dropout off), as `transformers`'
 `from_pretrained` returns them in `eval()` mode; `tm.nn.inference_mode(model, False)` switches
-dropout on, and a call's `key=` then drives it.
+dropout on, and a call's `key=` then drives it. `BertModel` is also RoBERTa's and XLM-R's base:
+they change its values, rules and default positions (`_roberta.py`); the heads are
+`_bert_heads.py`'s one mechanism.
 """
 
-# exports: BertModel, BertForMaskedLM, BertForSequenceClassification
+# exports: BertModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,7 @@ import treemod.nn as nn
 
 from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
+from ._bert_heads import EncoderWithHead, TokenClassification, dropout_and_classifier
 from ._bert_layers import (
     BertEmbeddings,
     BertEncoder,
@@ -31,15 +34,23 @@ from ._bert_layers import (
     BertPooler,
     BertPredictionHeadTransform,
     attention_bias,
+    check_ids,
+    embed_inputs,
     make_encoder_layer,
+    padded_positions,
 )
-from ._config_values import Value, num_labels, read_config
+from ._config_values import Value, read_config
 from ._hf_activations import hf_activation
 
-__all__ = ["BertModel", "BertForMaskedLM", "BertForSequenceClassification"]
+__all__ = [
+    "BERT_VALUES",
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+]
 
-# The values these classes read, with `transformers.BertConfig`'s defaults.
-_VALUES: dict[str, Value] = {
+BERT_VALUES: dict[str, Value] = {
     "vocab_size": Value(30522, "size"),
     "hidden_size": Value(768, "size"),
     "num_hidden_layers": Value(12, "size"),
@@ -58,80 +69,7 @@ _VALUES: dict[str, Value] = {
     "tie_word_embeddings": Value(True, "bool"),
     "position_embedding_type": Value("absolute"),
 }
-
-
-def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
-    """The config values BERT reads, checked; refused values raise `CheckpointError`."""
-    c = read_config(cls_name, config, _VALUES)
-    hf_activation(cls_name, "hidden_act", c["hidden_act"])
-    for key in ("is_decoder", "add_cross_attention"):
-        if c[key]:
-            raise config_error(cls_name, key, True, "false: BERT as a bidirectional encoder")
-    position = c["position_embedding_type"]
-    if position != "absolute":
-        # transformers 5 reads no such key and computes absolute positions; a checkpoint trained
-        # with relative positions would silently give other numbers.
-        raise config_error(cls_name, "position_embedding_type", position, "'absolute'")
-    if c["hidden_size"] % c["num_attention_heads"]:
-        raise config_error(
-            cls_name,
-            "num_attention_heads",
-            c["num_attention_heads"],
-            f"a divisor of hidden_size={c['hidden_size']}",
-        )
-    pad = c["pad_token_id"]
-    if pad is not None and not (
-        isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < c["vocab_size"]
-    ):
-        raise config_error(cls_name, "pad_token_id", pad, "null or a token id below vocab_size")
-    return c
-
-
-def _check_ids(cls_name: str, name: str, x: Any, shape: tuple[int, ...] | None) -> Array | None:
-    if x is None:
-        return None
-    x = jnp.asarray(x)
-    if x.ndim != 2 or (shape is not None and x.shape != shape):
-        want = "(batch, sequence)" if shape is None else f"{shape}, the shape of input_ids"
-        raise ValueError(f"{cls_name}: {name} has shape {x.shape}; expected {want}.")
-    checked: Array = x
-    return checked
-
-
-def _build_bert(
-    c: dict[str, Any], key: PRNGKeyArray, dtype: Any, pooler: bool
-) -> tuple[BertEmbeddings, BertEncoder, BertPooler | None]:
-    hidden = c["hidden_size"]
-    k_word, k_pos, k_type, k_layers, k_pool = jax.random.split(key, 5)
-    word = nn.Embedding(c["vocab_size"], hidden, dtype=dtype, key=k_word)
-    if c["pad_token_id"] is not None:  # PyTorch's padding_idx: the padding row starts at zero
-        word = nn.Embedding(weight=word.weight.at[c["pad_token_id"]].set(0))
-    embeddings = BertEmbeddings(
-        word_embeddings=word,
-        position_embeddings=nn.Embedding(
-            c["max_position_embeddings"], hidden, dtype=dtype, key=k_pos
-        ),
-        token_type_embeddings=nn.Embedding(c["type_vocab_size"], hidden, dtype=dtype, key=k_type),
-        LayerNorm=nn.LayerNorm(hidden, eps=c["layer_norm_eps"], dtype=dtype),
-        dropout=nn.Dropout(c["hidden_dropout_prob"], inference=True),
-    )
-
-    def make_layer(k: PRNGKeyArray) -> Any:
-        return make_encoder_layer(
-            hidden,
-            c["num_attention_heads"],
-            c["intermediate_size"],
-            c["hidden_act"],
-            c["layer_norm_eps"],
-            c["hidden_dropout_prob"],
-            c["attention_probs_dropout_prob"],
-            dtype,
-            k,
-        )
-
-    encoder = BertEncoder(layer=nn.Stack(make_layer, c["num_hidden_layers"], key=k_layers))
-    pool = BertPooler(dense=nn.Linear(hidden, hidden, dtype=dtype, key=k_pool)) if pooler else None
-    return embeddings, encoder, pool
+"""The values `BertConfig` holds for these classes, with its defaults."""
 
 
 @register_architecture
@@ -157,10 +95,99 @@ class BertModel(PretrainedModel):
     architecture = "BertModel"
     model_type = "bert"
     base_model_prefix = "bert"
+    config_values: ClassVar[Mapping[str, Value]] = BERT_VALUES
+    # transformers skips the `position_ids` buffer older files saved (its model has the buffer).
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = ("position_ids",)
 
     embeddings: BertEmbeddings
     encoder: BertEncoder
     pooler: BertPooler | None
+
+    @classmethod
+    def read(cls, owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The config values this family reads, checked; refused ones raise `CheckpointError`."""
+        c = read_config(owner, config, cls.config_values)
+        hf_activation(owner, "hidden_act", c["hidden_act"])
+        for key in ("is_decoder", "add_cross_attention"):
+            if c[key]:
+                raise config_error(owner, key, True, "false: a bidirectional encoder")
+        position = c["position_embedding_type"]
+        if position != "absolute":
+            # transformers 5 reads no such key and computes absolute positions; a checkpoint
+            # trained with relative positions would silently give other numbers.
+            raise config_error(owner, "position_embedding_type", position, "'absolute'")
+        if c["hidden_size"] % c["num_attention_heads"]:
+            raise config_error(
+                owner,
+                "num_attention_heads",
+                c["num_attention_heads"],
+                f"a divisor of hidden_size={c['hidden_size']}",
+            )
+        cls.variant_rules(owner, c)
+        return c
+
+    @classmethod
+    def variant_rules(cls, owner: str, c: dict[str, Any]) -> None:
+        """BERT's padding id: null, or a token id."""
+        pad = c["pad_token_id"]
+        if pad is not None and not (
+            isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < c["vocab_size"]
+        ):
+            raise config_error(owner, "pad_token_id", pad, "null or a token id below vocab_size")
+
+    @classmethod
+    def build(
+        cls,
+        config: PretrainedConfig,
+        c: dict[str, Any],
+        key: PRNGKeyArray,
+        dtype: Any,
+        pooler: bool,
+    ) -> Self:
+        """The model with random weights from the read values `c` (`pooler`: with the pooler)."""
+        hidden = c["hidden_size"]
+        k_word, k_pos, k_type, k_layers, k_pool = jax.random.split(key, 5)
+        pad = c["pad_token_id"]
+
+        def embedding(n: int, k: PRNGKeyArray, padded: bool) -> nn.Embedding:
+            table = nn.Embedding(n, hidden, dtype=dtype, key=k)
+            if padded and pad is not None:  # PyTorch's padding_idx: that row starts at zero
+                table = nn.Embedding(weight=table.weight.at[pad].set(0))
+            return table
+
+        embeddings = BertEmbeddings(
+            word_embeddings=embedding(c["vocab_size"], k_word, True),
+            position_embeddings=embedding(
+                c["max_position_embeddings"], k_pos, cls.position_padding_idx(c) is not None
+            ),
+            token_type_embeddings=embedding(c["type_vocab_size"], k_type, False),
+            LayerNorm=nn.LayerNorm(hidden, eps=c["layer_norm_eps"], dtype=dtype),
+            dropout=nn.Dropout(c["hidden_dropout_prob"], inference=True),
+        )
+
+        def make_layer(k: PRNGKeyArray) -> Any:
+            return make_encoder_layer(
+                hidden,
+                c["num_attention_heads"],
+                c["intermediate_size"],
+                c["hidden_act"],
+                c["layer_norm_eps"],
+                c["hidden_dropout_prob"],
+                c["attention_probs_dropout_prob"],
+                dtype,
+                k,
+            )
+
+        encoder = BertEncoder(layer=nn.Stack(make_layer, c["num_hidden_layers"], key=k_layers))
+        pool = None
+        if pooler:
+            pool = BertPooler(dense=nn.Linear(hidden, hidden, dtype=dtype, key=k_pool))
+        return cls(config=config, embeddings=embeddings, encoder=encoder, pooler=pool)
+
+    @classmethod
+    def position_padding_idx(cls, config: Mapping[str, Any]) -> int | None:
+        """The padding position of the default positions (RoBERTa's); `None`: `0..seq-1`."""
+        return None
 
     @classmethod
     def from_config(
@@ -171,10 +198,10 @@ class BertModel(PretrainedModel):
         dtype: Any = None,
         add_pooling_layer: bool = True,
     ) -> Self:
-        """Build the model with random weights from a `BertConfig` dict.
+        """Build the model with random weights from its config dict.
 
         Arguments:
-            config: the config; keys it lacks take `BertConfig`'s defaults.
+            config: the config; keys it lacks take the config class's defaults.
             key: the PRNG key.
             dtype: the parameters' dtype (default float32).
             add_pooling_layer: build the pooler (`transformers`' argument of the same name).
@@ -183,9 +210,7 @@ class BertModel(PretrainedModel):
             The model, in inference mode.
         """
         config = PretrainedConfig(config)
-        c = _read(cls.__name__, config)
-        embeddings, encoder, pooler = _build_bert(c, key, dtype, add_pooling_layer)
-        return cls(config=config, embeddings=embeddings, encoder=encoder, pooler=pooler)
+        return cls.build(config, cls.read(cls.__name__, config), key, dtype, add_pooling_layer)
 
     def __call__(
         self,
@@ -203,7 +228,8 @@ class BertModel(PretrainedModel):
             input_ids: token ids `(batch, seq)`; or give `inputs_embeds` instead.
             attention_mask: `(batch, seq)`, 1 for tokens to attend to, 0 for padding.
             token_type_ids: segment ids `(batch, seq)` (default zeros).
-            position_ids: positions `(batch, seq)` or `(1, seq)` (default `0..seq-1`).
+            position_ids: positions `(batch, seq)` or `(1, seq)` (default `0..seq-1`; RoBERTa:
+                counted over the non-padding tokens from `pad_token_id + 1`).
             inputs_embeds: word embeddings `(batch, seq, hidden)` instead of `input_ids`.
             key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
 
@@ -231,37 +257,37 @@ class BertModel(PretrainedModel):
     ) -> Array:
         """`last_hidden_state`; the arguments are `__call__`'s."""
         name = type(self).__name__
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"{name}: give exactly one of input_ids and inputs_embeds.")
         k_emb, k_enc = split_key(key, 2)
         emb = self.embeddings
-        if input_ids is not None:
-            ids = _check_ids(name, "input_ids", input_ids, None)
-            assert ids is not None
-            if not jnp.issubdtype(ids.dtype, jnp.integer):
-                raise TypeError(f"{name}: input_ids must be integers; got dtype {ids.dtype}.")
-            words = emb.word_embeddings(ids)
-        else:
-            words = jnp.asarray(inputs_embeds)
-            if words.ndim != 3:
-                raise ValueError(
-                    f"{name}: inputs_embeds has shape {words.shape}; expected (batch, "
-                    "sequence, hidden_size)."
-                )
+        words, ids = embed_inputs(name, input_ids, inputs_embeds, emb.word_embeddings)
         shape = (words.shape[0], words.shape[1])
-        token_type_ids = _check_ids(name, "token_type_ids", token_type_ids, shape)
-        position_ids = _check_ids(name, "position_ids", position_ids, None)
+        token_type_ids = check_ids(name, "token_type_ids", token_type_ids, shape)
+        position_ids = check_ids(name, "position_ids", position_ids, None)
         if position_ids is None:
-            position_ids = jnp.arange(shape[1])[None, :]
+            position_ids = self.default_positions(ids, shape)
         if token_type_ids is None:
             token_type_ids = jnp.zeros(shape, jnp.int32)
         x = emb(words, token_type_ids, position_ids, key=k_emb)
         bias = attention_bias(attention_mask, shape, x.dtype)
         return self.encoder(x, bias, key=k_enc)
 
+    def default_positions(self, ids: Array | None, shape: tuple[int, int]) -> Array:
+        """`transformers`' positions when none are given: `0..seq-1`, or RoBERTa's."""
+        pad = type(self).position_padding_idx(self.config)
+        limit = self.embeddings.position_embeddings.weight.shape[0]
+        last = shape[1] - 1 if pad is None else shape[1] + pad
+        if last >= limit:
+            raise ValueError(
+                f"{type(self).__name__}: a sequence of {shape[1]} tokens needs position {last}; "
+                f"max_position_embeddings is {limit}."
+            )
+        if pad is None:
+            return jnp.arange(shape[1])[None, :]
+        return padded_positions(ids, shape, pad)
+
 
 @register_architecture
-class BertForMaskedLM(PretrainedModel):
+class BertForMaskedLM(EncoderWithHead):
     """BERT with its masked-LM head (`transformers.BertForMaskedLM`): returns `logits`.
 
     With `tie_word_embeddings` (the default) the head's projection is the word embeddings'
@@ -283,24 +309,15 @@ class BertForMaskedLM(PretrainedModel):
     architecture = "BertForMaskedLM"
     model_type = "bert"
     base_model_prefix = "bert"
+    body = BertModel
 
     bert: BertModel
     cls: BertOnlyMLMHead
 
     @classmethod
-    def from_config(
-        cls,
-        config: Mapping[str, Any] | PretrainedConfig,
-        *,
-        key: PRNGKeyArray,
-        dtype: Any = None,
-    ) -> Self:
-        """Build the model with random weights from a `BertConfig` dict (see `BertModel`)."""
-        config = PretrainedConfig(config)
-        c = _read(cls.__name__, config)
-        k_bert, k_dense, k_dec = jax.random.split(key, 3)
-        embeddings, encoder, _ = _build_bert(c, k_bert, dtype, pooler=False)
-        bert = BertModel(config=config, embeddings=embeddings, encoder=encoder, pooler=None)
+    def head(cls, c: dict[str, Any], key: PRNGKeyArray, dtype: Any) -> dict[str, Any]:
+        """`cls.predictions`: transform, bias, and a decoder only when untied."""
+        k_dense, k_dec = jax.random.split(key)
         hidden, vocab = c["hidden_size"], c["vocab_size"]
         transform = BertPredictionHeadTransform(
             dense=nn.Linear(hidden, hidden, dtype=dtype, key=k_dense),
@@ -310,10 +327,9 @@ class BertForMaskedLM(PretrainedModel):
         decoder = None
         if not c["tie_word_embeddings"]:
             decoder = nn.Linear(hidden, vocab, dtype=dtype, key=k_dec)
-        bias = jnp.zeros(vocab, embeddings.word_embeddings.weight.dtype)
+        bias = jnp.zeros(vocab, transform.dense.weight.dtype)
         head = BertLMPredictionHead(transform=transform, bias=bias, decoder=decoder)
-        # Positional: the field `cls` (transformers' name) cannot be passed by keyword.
-        return cls(config, bert, BertOnlyMLMHead(predictions=head))
+        return {"cls": BertOnlyMLMHead(predictions=head)}
 
     def tied_weights(self) -> dict[str, str]:
         """`cls.predictions.decoder.{weight,bias}` share the word embeddings and the head's bias."""
@@ -324,30 +340,13 @@ class BertForMaskedLM(PretrainedModel):
             "cls.predictions.decoder.bias": "cls.predictions.bias",
         }
 
-    def __call__(
-        self,
-        *,
-        input_ids: Any = None,
-        attention_mask: Any = None,
-        token_type_ids: Any = None,
-        position_ids: Any = None,
-        inputs_embeds: Any = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """The masked-LM `logits` `(batch, seq, vocab_size)`; arguments as `BertModel`'s."""
-        hidden = self.bert.hidden_states(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            key=key,
-        )
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
+        """The masked-LM `logits` `(batch, seq, vocab_size)`."""
         return self.cls(hidden, self.bert.embeddings.word_embeddings.weight)
 
 
 @register_architecture
-class BertForSequenceClassification(PretrainedModel):
+class BertForSequenceClassification(EncoderWithHead):
     """BERT with a classifier on its pooled output (`transformers.BertForSequenceClassification`).
 
     The number of labels is `id2label`'s size (else `num_labels`, else 2), as `transformers`
@@ -368,53 +367,46 @@ class BertForSequenceClassification(PretrainedModel):
     architecture = "BertForSequenceClassification"
     model_type = "bert"
     base_model_prefix = "bert"
+    body = BertModel
+    pooler = True
+    labels = True
 
     bert: BertModel
     dropout: nn.Dropout
     classifier: nn.Linear
 
     @classmethod
-    def from_config(
-        cls,
-        config: Mapping[str, Any] | PretrainedConfig,
-        *,
-        key: PRNGKeyArray,
-        dtype: Any = None,
-    ) -> Self:
-        """Build the model with random weights from a `BertConfig` dict (see `BertModel`)."""
-        config = PretrainedConfig(config)
-        name = cls.__name__
-        c = _read(name, config)
-        labels = num_labels(name, config)
-        if labels < 1:
-            raise config_error(name, "num_labels", labels, "at least 1 label")
-        k_bert, k_cls = jax.random.split(key)
-        embeddings, encoder, pooler = _build_bert(c, k_bert, dtype, pooler=True)
-        bert = BertModel(config=config, embeddings=embeddings, encoder=encoder, pooler=pooler)
-        p = c["classifier_dropout"]
-        dropout = nn.Dropout(c["hidden_dropout_prob"] if p is None else p, inference=True)
-        classifier = nn.Linear(c["hidden_size"], labels, dtype=dtype, key=k_cls)
-        return cls(config=config, bert=bert, dropout=dropout, classifier=classifier)
+    def head(cls, c: dict[str, Any], key: PRNGKeyArray, dtype: Any) -> dict[str, Any]:
+        """`dropout` (`classifier_dropout`, else `hidden_dropout_prob`) and `classifier`."""
+        return dropout_and_classifier(c, key, dtype)
 
-    def __call__(
-        self,
-        *,
-        input_ids: Any = None,
-        attention_mask: Any = None,
-        token_type_ids: Any = None,
-        position_ids: Any = None,
-        inputs_embeds: Any = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """The `logits` `(batch, num_labels)`; arguments as `BertModel`'s."""
-        k_bert, k_drop = split_key(key, 2)
-        hidden = self.bert.hidden_states(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            key=k_bert,
-        )
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
+        """`classifier(dropout(pooler(hidden)))`, `(batch, num_labels)`."""
         assert self.bert.pooler is not None
-        return self.classifier(self.dropout(self.bert.pooler(hidden), key=k_drop))
+        out: Array = self.classifier(self.dropout(self.bert.pooler(hidden), key=key))
+        return out
+
+
+@register_architecture
+class BertForTokenClassification(TokenClassification):
+    """BERT with a classifier on every token (`transformers.BertForTokenClassification`).
+
+    Labels are counted as `BertForSequenceClassification` counts them; returns `logits`
+    `(batch, seq, num_labels)`. Called as `BertModel` is.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from treemod.models.bert import BertForTokenClassification
+        >>> config = {"vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 1,
+        ...           "num_attention_heads": 2, "intermediate_size": 32, "num_labels": 5}
+        >>> model = BertForTokenClassification.from_config(config, key=jax.random.key(0))
+        >>> model(input_ids=jnp.array([[1, 2, 3]])).shape
+        (1, 3, 5)
+    """
+
+    architecture = "BertForTokenClassification"
+    model_type = "bert"
+    base_model_prefix = "bert"
+    body = BertModel
+
+    bert: BertModel

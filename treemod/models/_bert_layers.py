@@ -1,4 +1,8 @@
-"""BERT's parts (embeddings, encoder layer, pooler, masked-LM head) and what ViT and ResNet share.
+"""BERT's parts (embeddings, encoder layer, pooler, masked-LM heads) and what its variants share.
+
+RoBERTa, XLM-RoBERTa and MPNet reuse the encoder layer, `LMHead` (their `lm_head`) and
+`ClassificationHead` (their sequence classifier); DistilBERT and MPNet reuse `embed_inputs`
+and `attention_bias`; ViT and ResNet reuse the layers.
 
 Attribute names are `transformers`' module names (`attention.self.query`, `LayerNorm`, ...), so
 `tm.state_dict` names each array as `transformers`' `state_dict()` does. The encoder's layers are
@@ -27,8 +31,14 @@ __all__ = [
     "BertLayer",
     "BertOnlyMLMHead",
     "BertPooler",
+    "ClassificationHead",
+    "LMHead",
     "attend_encoder",
     "attention_bias",
+    "check_ids",
+    "embed_inputs",
+    "padded_positions",
+    "vocab_logits",
 ]
 
 
@@ -69,6 +79,53 @@ def attention_bias(attention_mask: Any, shape: tuple[int, int], dtype: Any) -> A
         )
     low = jnp.finfo(dtype).min
     return jnp.where(mask.astype(bool), jnp.zeros((), dtype), low)[:, None, None, :].astype(dtype)
+
+
+def check_ids(owner: str, name: str, x: Any, shape: tuple[int, ...] | None) -> Array | None:
+    """`x` as a `(batch, sequence)` array (of `shape` when given), or `None`."""
+    if x is None:
+        return None
+    x = jnp.asarray(x)
+    if x.ndim != 2 or (shape is not None and x.shape != shape):
+        want = "(batch, sequence)" if shape is None else f"{shape}, the shape of input_ids"
+        raise ValueError(f"{owner}: {name} has shape {x.shape}; expected {want}.")
+    checked: Array = x
+    return checked
+
+
+def embed_inputs(
+    owner: str, input_ids: Any, inputs_embeds: Any, word_embeddings: nn.Embedding
+) -> tuple[Array, Array | None]:
+    """The word embeddings `(batch, seq, hidden)` of exactly one of `input_ids` and
+    `inputs_embeds`, and the checked `input_ids` (`None` when embeddings were given)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"{owner}: give exactly one of input_ids and inputs_embeds.")
+    if input_ids is not None:
+        ids = check_ids(owner, "input_ids", input_ids, None)
+        assert ids is not None
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(f"{owner}: input_ids must be integers; got dtype {ids.dtype}.")
+        return word_embeddings(ids), ids
+    words = jnp.asarray(inputs_embeds)
+    if words.ndim != 3:
+        raise ValueError(
+            f"{owner}: inputs_embeds has shape {words.shape}; expected (batch, sequence, "
+            "hidden_size)."
+        )
+    return words, None
+
+
+def padded_positions(ids: Array | None, shape: tuple[int, int], padding_idx: int) -> Array:
+    """RoBERTa's and MPNet's default positions (`create_position_ids_from_input_ids`).
+
+    Real tokens (not `padding_idx`) count from `padding_idx + 1`; padding tokens take
+    `padding_idx`, so a left-padded row's first token is at `padding_idx + 1` as in an unpadded
+    one. Without ids (`inputs_embeds`) every token is real: `padding_idx + 1 ...`.
+    """
+    if ids is None:
+        return jnp.broadcast_to(jnp.arange(shape[1]) + padding_idx + 1, shape)
+    real = (ids != padding_idx).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + padding_idx
 
 
 class BertEmbeddings(Module):
@@ -213,11 +270,17 @@ class BertLMPredictionHead(Module):
 
     def __call__(self, x: Array, word_embeddings: Array) -> Array:
         """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
-        h = self.transform(x)
-        if self.decoder is not None:
-            return self.decoder(h)
-        y = h @ word_embeddings.T.astype(h.dtype)
-        return y + jnp.expand_dims(self.bias.astype(h.dtype), tuple(range(y.ndim - 1)))
+        return vocab_logits(self.transform(x), self.decoder, self.bias, word_embeddings)
+
+
+def vocab_logits(h: Array, decoder: Any, bias: Array, word_embeddings: Array) -> Array:
+    """The masked-LM heads' last projection: `decoder(h)` when untied, else `h @ word_embeddings.T
+    + bias` (`transformers` ties the decoder's weight and bias to those arrays)."""
+    if decoder is not None:
+        out: Array = decoder(h)
+        return out
+    y = h @ word_embeddings.T.astype(h.dtype)
+    return y + jnp.expand_dims(bias.astype(h.dtype), tuple(range(y.ndim - 1)))
 
 
 class BertOnlyMLMHead(Module):
@@ -228,6 +291,61 @@ class BertOnlyMLMHead(Module):
     def __call__(self, x: Array, word_embeddings: Array) -> Array:
         """The masked-LM logits."""
         return self.predictions(x, word_embeddings)
+
+
+class LMHead(Module):
+    """RoBERTa's and MPNet's `lm_head`: dense, exact GELU (whatever `hidden_act` is), layer_norm,
+    then the projection onto the vocabulary (tied as `BertLMPredictionHead`'s: `decoder` is
+    `None` and `bias` the tied bias, or `decoder` holds its own weight and bias)."""
+
+    dense: nn.Linear
+    layer_norm: nn.LayerNorm
+    bias: Array
+    decoder: nn.Linear | None
+
+    def __call__(self, x: Array, word_embeddings: Array) -> Array:
+        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
+        h = self.layer_norm(get_activation("gelu")(self.dense(x)))
+        return vocab_logits(h, self.decoder, self.bias, word_embeddings)
+
+
+class ClassificationHead(Module):
+    """RoBERTa's and MPNet's sequence classifier: the first token through dropout, dense, tanh,
+    dropout and `out_proj`."""
+
+    dense: nn.Linear
+    dropout: nn.Dropout
+    out_proj: nn.Linear
+
+    def __call__(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, seq, hidden)` to `(batch, num_labels)`."""
+        k1, k2 = split_key(key, 2)
+        x = jnp.tanh(self.dense(self.dropout(hidden[:, 0], key=k1)))
+        out: Array = self.out_proj(self.dropout(x, key=k2))
+        return out
+
+
+def make_lm_head(
+    hidden: int, vocab: int, eps: float, tied: bool, dtype: Any, key: PRNGKeyArray
+) -> LMHead:
+    """An `LMHead` with random weights and a zero bias (`decoder` only when untied)."""
+    k_dense, k_dec = jax.random.split(key)
+    dense = nn.Linear(hidden, hidden, dtype=dtype, key=k_dense)
+    decoder = None if tied else nn.Linear(hidden, vocab, dtype=dtype, key=k_dec)
+    bias = jnp.zeros(vocab, dense.weight.dtype)
+    return LMHead(dense, nn.LayerNorm(hidden, eps=eps, dtype=dtype), bias, decoder)
+
+
+def make_classification_head(
+    hidden: int, labels: int, p: float, dtype: Any, key: PRNGKeyArray
+) -> ClassificationHead:
+    """A `ClassificationHead` with random weights and dropout probability `p`."""
+    k_dense, k_out = jax.random.split(key)
+    return ClassificationHead(
+        dense=nn.Linear(hidden, hidden, dtype=dtype, key=k_dense),
+        dropout=nn.Dropout(p, inference=True),
+        out_proj=nn.Linear(hidden, labels, dtype=dtype, key=k_out),
+    )
 
 
 def make_encoder_layer(

@@ -1,12 +1,15 @@
-# exports: BertModel, BertForMaskedLM, BertForSequenceClassification
-"""BERT: `BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`.
+# exports: BertModel, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification
+"""BERT: `BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`,
+`BertForTokenClassification`.
 
-Implemented in `_bert.py` (shared parts with ViT and ResNet: `_bert_layers.py`).
+Implemented in `_bert.py` (shared parts with its variants, ViT and ResNet: `_bert_layers.py`;
+the heads' mechanism: `_bert_heads.py`).
 """
 
 from treemod.models._bert import (
     BertForMaskedLM,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
 
@@ -14,4 +17,5 @@ __all__ = [
     "BertModel",
     "BertForMaskedLM",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
 ]
