@@ -1,0 +1,34 @@
+# exports: WhisperModel, WhisperForConditionalGeneration
+"""Whisper: `WhisperModel`, `WhisperForConditionalGeneration` and their layers (implemented in
+`_whisper.py` and `_whisper_layers.py`); `generate_seq2seq` decodes with
+`WhisperForConditionalGeneration`.
+
+Attribute paths are `transformers`' parameter names
+(`model.encoder.layers.{i}.self_attn.q_proj.weight`).
+"""
+
+from treemod.models._generate_seq2seq import generate_seq2seq
+from treemod.models._whisper import (
+    WHISPER_VALUES,
+    WhisperForConditionalGeneration,
+    WhisperModel,
+)
+from treemod.models._whisper_layers import (
+    WhisperAttention,
+    WhisperDecoder,
+    WhisperDecoderLayer,
+    WhisperEncoder,
+    WhisperEncoderLayer,
+)
+
+__all__ = [
+    "WHISPER_VALUES",
+    "WhisperAttention",
+    "WhisperDecoder",
+    "WhisperDecoderLayer",
+    "WhisperEncoder",
+    "WhisperEncoderLayer",
+    "WhisperForConditionalGeneration",
+    "WhisperModel",
+    "generate_seq2seq",
+]
