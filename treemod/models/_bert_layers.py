@@ -1,8 +1,9 @@
 """BERT's parts (embeddings, encoder layer, pooler, masked-LM heads) and what its variants share.
 
-RoBERTa, XLM-RoBERTa and MPNet reuse the encoder layer, `LMHead` (their `lm_head`) and
-`ClassificationHead` (their sequence classifier); DistilBERT and MPNet reuse `embed_inputs`
-and `attention_bias`; ViT and ResNet reuse the layers.
+RoBERTa and XLM-RoBERTa reuse the whole encoder; RoBERTa and MPNet `LMHead` (their `lm_head`)
+and `ClassificationHead` (their sequence classifier); DistilBERT and MPNet
+`WordPositionEmbeddings`, `embed_inputs` and `attention_bias`; MPNet the feed-forward blocks;
+ViT and ResNet the layers.
 
 Attribute names are `transformers`' module names (`attention.self.query`, `LayerNorm`, ...), so
 `tm.state_dict` names each array as `transformers`' `state_dict()` does. The encoder's layers are
@@ -33,6 +34,7 @@ __all__ = [
     "BertPooler",
     "ClassificationHead",
     "LMHead",
+    "WordPositionEmbeddings",
     "attend_encoder",
     "attention_bias",
     "check_ids",
@@ -148,6 +150,22 @@ class BertEmbeddings(Module):
         """Looked-up word embeddings `(batch, seq, hidden)` plus token types and positions."""
         x = words + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x), key=key)
+
+
+class WordPositionEmbeddings(Module):
+    """Word plus position embeddings, normalised: DistilBERT's and MPNet's `embeddings`."""
+
+    word_embeddings: nn.Embedding
+    position_embeddings: nn.Embedding
+    LayerNorm: nn.LayerNorm  # noqa: N815 (transformers' name)
+    dropout: nn.Dropout
+
+    def __call__(
+        self, words: Array, position_ids: Array, *, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """`(batch, seq, hidden)` word embeddings plus positions."""
+        x = words + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(x), key=key)
 
 

@@ -27,7 +27,14 @@ from treemod._module.module import Module, field
 from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification
-from ._bert_layers import attend_encoder, attention_bias, check_ids, embed_inputs, vocab_logits
+from ._bert_layers import (
+    WordPositionEmbeddings,
+    attend_encoder,
+    attention_bias,
+    check_ids,
+    embed_inputs,
+    vocab_logits,
+)
 from ._config_values import Value, read_config
 from ._hf_activations import get_activation, hf_activation
 
@@ -66,22 +73,6 @@ def sinusoidal_table(n_pos: int, dim: int) -> np.ndarray:
     table[:, 0::2] = np.sin(angles[:, 0::2])
     table[:, 1::2] = np.cos(angles[:, 1::2])
     return table
-
-
-class DistilBertEmbeddings(Module):
-    """Word plus position embeddings, normalised (`embeddings` in `transformers`)."""
-
-    word_embeddings: nn.Embedding
-    position_embeddings: nn.Embedding
-    LayerNorm: nn.LayerNorm  # noqa: N815 (transformers' name)
-    dropout: nn.Dropout
-
-    def __call__(
-        self, words: Array, position_ids: Array, *, key: PRNGKeyArray | None = None
-    ) -> Array:
-        """`(batch, seq, dim)` word embeddings plus positions."""
-        x = words + self.position_embeddings(position_ids)
-        return self.dropout(self.LayerNorm(x), key=key)
 
 
 class DistilBertSelfAttention(Module):
@@ -195,7 +186,7 @@ class DistilBertModel(PretrainedModel):
     base_model_prefix = "distilbert"
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = ("position_ids",)
 
-    embeddings: DistilBertEmbeddings
+    embeddings: WordPositionEmbeddings
     transformer: Transformer
 
     @classmethod
@@ -232,7 +223,7 @@ class DistilBertModel(PretrainedModel):
         if c["sinusoidal_pos_embds"]:
             table = sinusoidal_table(c["max_position_embeddings"], dim)
             position = nn.Embedding(weight=jnp.asarray(table, position.weight.dtype))
-        embeddings = DistilBertEmbeddings(
+        embeddings = WordPositionEmbeddings(
             word,
             position,
             nn.LayerNorm(dim, eps=_EPS, dtype=dtype),
