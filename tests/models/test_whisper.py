@@ -23,7 +23,13 @@ from transformers.generation.utils import GenerationMixin
 import treemod as tm
 import treemod.lora as lora
 from treemod.models import from_pretrained, save_pretrained
-from treemod.models.whisper import WhisperForConditionalGeneration, WhisperModel, generate_seq2seq
+from treemod.models.whisper import (
+    WhisperForConditionalGeneration,
+    WhisperModel,
+    generate_seq2seq,
+    log_mel_features,
+    mel_filters,
+)
 
 BASE = {
     "vocab_size": 60,
@@ -252,3 +258,24 @@ def test_generate_equals_transformers_greedy_from_a_prompt() -> None:
         )
     with pytest.raises(ValueError, match="does not take input_ids"):
         generate_seq2seq(model, np.ones((3, 4), int), max_new_tokens=2)
+
+
+def test_log_mel_features_equal_the_feature_extractor() -> None:
+    extractor = T.WhisperFeatureExtractor(feature_size=80)
+    np.testing.assert_allclose(mel_filters(80, 400, 16000), extractor.mel_filters, atol=1e-15)
+    rng = np.random.default_rng(0)
+    t = np.arange(16000 * 2) / 16000
+    short = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(t.size)).astype(
+        np.float32
+    )
+    long = (0.1 * rng.standard_normal(16000 * 31)).astype(np.float32)  # cut to 30 s
+    got = log_mel_features(np.stack([short, long[: short.size]]))
+    for row, audio in enumerate((short, long)):
+        padded = np.pad(audio[: 16000 * 30], (0, max(0, 16000 * 30 - audio.size)))
+        want = extractor._np_extract_fbank_features(padded[None], "cpu")
+        np.testing.assert_allclose(np.asarray(log_mel_features(audio)), want, atol=2e-5)
+        if row == 0:
+            np.testing.assert_allclose(np.asarray(got[:1]), want, atol=2e-5)
+    assert got.shape == (2, 80, 3000)
+    with pytest.raises(ValueError, match="`hop_length` must be a positive int"):
+        log_mel_features(short, hop_length=0)

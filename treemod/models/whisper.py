@@ -1,7 +1,7 @@
 # exports: WhisperModel, WhisperForConditionalGeneration
 """Whisper: `WhisperModel`, `WhisperForConditionalGeneration` and their layers (implemented in
 `_whisper.py` and `_whisper_layers.py`); `generate_seq2seq` decodes with
-`WhisperForConditionalGeneration`.
+`WhisperForConditionalGeneration`; `log_mel_features` computes its input features from audio.
 
 Attribute paths are `transformers`' parameter names
 (`model.encoder.layers.{i}.self_attn.q_proj.weight`).
@@ -13,6 +13,7 @@ from treemod.models._whisper import (
     WhisperForConditionalGeneration,
     WhisperModel,
 )
+from treemod.models._whisper_features import log_mel_features, mel_filters
 from treemod.models._whisper_layers import (
     WhisperAttention,
     WhisperDecoder,
@@ -31,4 +32,6 @@ __all__ = [
     "WhisperForConditionalGeneration",
     "WhisperModel",
     "generate_seq2seq",
+    "log_mel_features",
+    "mel_filters",
 ]
