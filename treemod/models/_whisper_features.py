@@ -21,10 +21,11 @@ from jax import Array, lax
 __all__ = ["log_mel_features", "mel_filters"]
 
 
-def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+def _hz_to_mel(hz: np.ndarray | float) -> np.ndarray:
     """Slaney's mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
     step, knee = 200.0 / 3, 1000.0
     log_step = np.log(6.4) / 27.0
+    hz = np.asarray(hz, np.float64)
     mel = hz / step
     above = hz >= knee
     return np.where(above, knee / step + np.log(np.maximum(hz, knee) / knee) / log_step, mel)
@@ -122,4 +123,5 @@ def _features(
     mel = jnp.einsum("bfk,km->bmf", power, bank, precision=lax.Precision.HIGHEST)
     log_spec = jnp.log10(jnp.maximum(mel, 1e-10))
     top = jnp.max(log_spec, axis=(1, 2), keepdims=True)
-    return (jnp.maximum(log_spec, top - 8.0) + 4.0) / 4.0
+    features: Array = (jnp.maximum(log_spec, top - 8.0) + 4.0) / 4.0
+    return features
