@@ -101,7 +101,8 @@ def log_mel_features(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"log_mel_features: `{name}` must be a positive int; got {value!r}.")
-    return _features(x, num_mel_bins, sampling_rate, n_fft, hop_length, chunk_length)
+    features: Array = _features(x, num_mel_bins, sampling_rate, n_fft, hop_length, chunk_length)
+    return features
 
 
 @partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
