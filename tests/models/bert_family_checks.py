@@ -158,3 +158,13 @@ def check_lora(model: Any, hf: Any, targets: list[str], inputs: dict, tmp_path: 
     want = reference(reference_model, inputs)
     assert relative_error(run(tuned, inputs), want) < RTOL
     assert relative_error(run(model, inputs), want) > 1e-3  # the adapters mattered
+
+
+def check_dropout(model: Any, inputs: dict) -> None:
+    """Dropout is off as built; after `inference_mode(model, False)` each key drops other units."""
+    evaluation = run(model, inputs)
+    assert bool(jax.numpy.array_equal(evaluation, run(model, {**inputs, "key": jax.random.key(1)})))
+    training = tm.nn.inference_mode(model, False)
+    a = run(training, {**inputs, "key": jax.random.key(1)})
+    b = run(training, {**inputs, "key": jax.random.key(2)})
+    assert not bool(jax.numpy.allclose(a, evaluation)) and not bool(jax.numpy.allclose(a, b))

@@ -10,6 +10,7 @@ import pytest
 import transformers
 from bert_family_checks import (
     RTOL,
+    check_dropout,
     check_lora,
     check_padding,
     check_position_ids_skipped,
@@ -176,3 +177,13 @@ def test_aliases_and_defaults_are_the_config_classes() -> None:
     )
     defaults = transformers.DistilBertConfig()
     assert shapes.embeddings.word_embeddings.weight.shape == (defaults.vocab_size, defaults.dim)
+
+
+def test_dropout_runs_only_in_training_mode_and_bfloat16_builds() -> None:
+    model = distilbert.DistilBertForSequenceClassification.from_config(TINY, key=jax.random.key(0))
+    check_dropout(model, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    half = distilbert.DistilBertForSequenceClassification.from_config(
+        TINY, key=jax.random.key(0), dtype=jax.numpy.bfloat16
+    )
+    out = run(half, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    assert out.dtype == jax.numpy.bfloat16 and bool(jax.numpy.isfinite(out).all())

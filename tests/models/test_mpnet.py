@@ -11,6 +11,7 @@ import torch
 import transformers
 from bert_family_checks import (
     RTOL,
+    check_dropout,
     check_lora,
     check_padding,
     check_position_ids_skipped,
@@ -179,3 +180,13 @@ def test_defaults_are_the_config_class() -> None:
     defaults = transformers.MPNetConfig()
     word = shapes.embeddings.word_embeddings.weight
     assert word.shape == (defaults.vocab_size, defaults.hidden_size)
+
+
+def test_dropout_runs_only_in_training_mode_and_bfloat16_builds() -> None:
+    model = mpnet.MPNetForTokenClassification.from_config(TINY, key=jax.random.key(0))
+    check_dropout(model, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    half = mpnet.MPNetForTokenClassification.from_config(
+        TINY, key=jax.random.key(0), dtype=jax.numpy.bfloat16
+    )
+    out = run(half, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    assert out.dtype == jax.numpy.bfloat16 and bool(jax.numpy.isfinite(out).all())

@@ -10,6 +10,7 @@ import pytest
 import transformers
 from bert_family_checks import (
     RTOL,
+    check_dropout,
     check_lora,
     check_padding,
     check_position_ids_skipped,
@@ -78,7 +79,9 @@ def test_positions_count_real_tokens_from_pad_plus_one() -> None:
         assert relative_error(run(model, inputs), reference(hf, inputs)) < RTOL
 
 
-@pytest.mark.parametrize(("family", "head"), CASES)
+@pytest.mark.parametrize(
+    ("family", "head"), CASES[:4] + [("XLMRoberta", "Model"), ("XLMRoberta", "ForMaskedLM")]
+)
 def test_save_pretrained_round_trips(family: str, head: str, tmp_path: Any) -> None:
     ours, hf_cls, _ = classes(family, head)
     hf, _ = pair(family, head)
@@ -190,6 +193,13 @@ def test_refused_config_values_name_class_and_key(name: str, key: str, value: An
     assert name in message and key in message and repr(value) in message
 
 
+def test_every_class_is_registered_under_its_architecture() -> None:
+    known = tm.models.registered_architectures()
+    for family, head in CASES:
+        ours, hf_cls, _ = classes(family, head)
+        assert known[hf_cls.__name__] is ours and ours.architecture == hf_cls.__name__
+
+
 def test_defaults_are_the_config_classes() -> None:
     for family, (module, config_cls) in FAMILIES.items():
         shapes = tm.filter_eval_shape(
@@ -206,3 +216,13 @@ def test_sequence_longer_than_positions_is_refused() -> None:
     model = roberta.RobertaModel.from_config(TINY, key=jax.random.key(0))
     with pytest.raises(ValueError, match="needs position 20; max_position_embeddings is 20"):
         model(input_ids=np.ones((1, 19), np.int64) * 5)
+
+
+def test_dropout_runs_only_in_training_mode_and_bfloat16_builds() -> None:
+    model = roberta.RobertaForSequenceClassification.from_config(TINY, key=jax.random.key(0))
+    check_dropout(model, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    half = roberta.RobertaForSequenceClassification.from_config(
+        TINY, key=jax.random.key(0), dtype=jax.numpy.bfloat16
+    )
+    out = run(half, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
+    assert out.dtype == jax.numpy.bfloat16 and bool(jax.numpy.isfinite(out).all())
