@@ -109,16 +109,55 @@ def test_sampling_with_top_k_1_is_greedy(model: GPT2LMHeadModel) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_new_tokens": 0}, "`max_new_tokens` must be a positive int; got 0"),
-        ({"temperature": 0.0}, "`temperature` must be a positive number; got 0.0"),
-        ({"top_k": 0}, "`top_k` must be None or an int >= 1; got 0"),
-        ({"top_p": 1.5}, "`top_p` must be None or in (0, 1]; got 1.5"),
-        ({"eos_token_id": "x"}, "`eos_token_id` must be an int or a sequence of ints; got 'x'"),
-        ({"pad_token_id": 1.0}, "`pad_token_id` must be an int; got 1.0"),
-        ({"do_sample": True}, "sampling (do_sample=True) needs `key=`"),
+        ({"max_new_tokens": 0}, "`max_new_tokens` is 0; it must be an int in [1, "),
+        ({"temperature": 0.0, "do_sample": True}, "`temperature` is 0.0; it must be a finite"),
+        ({"temperature": float("nan"), "do_sample": True}, "`temperature` is nan"),
+        ({"top_k": -1, "do_sample": True}, "`top_k` is -1; it must be an int in [0, "),
+        ({"top_p": 1.5, "do_sample": True}, "`top_p` is 1.5; it must be a number in (0, 1]"),
+        ({"min_p": -0.1, "do_sample": True}, "`min_p` is -0.1; it must be a number in [0, 1]"),
+        ({"repetition_penalty": 0}, "`repetition_penalty` is 0; it must be a finite number > 0"),
+        ({"min_new_tokens": -2}, "`min_new_tokens` is -2; it must be an int in [0, "),
+        ({"eos_token_id": "x"}, "`eos_token_id` is 'x'; it must be a token id or a list"),
+        ({"eos_token_id": 2**40}, "`eos_token_id` is 1099511627776; it must be a token id"),
+        ({"pad_token_id": 1.0}, "`pad_token_id` is 1.0; it must be a token id"),
+        (
+            {"pad_token_id": 2**40},
+            "`pad_token_id` is 1099511627776; it must be a token id or a "
+            "list of token ids in [0, 100)",
+        ),
+        ({"do_sample": "yes"}, "`do_sample` is 'yes'; it must be True or False"),
+        (
+            {"do_sample": True},
+            "(do_sample=True, from the call or the model's generation config) needs `key=`",
+        ),
+        (
+            {"do_sample": True, "key": jax.random.split(jax.random.key(0), 3)},
+            "`key` must be one PRNG key or 1 keys",
+        ),
+        ({"num_return_sequences": 2}, "`num_return_sequences` is 2, but greedy decoding"),
         ({"max_new_tokens": 30}, "prompt length 3 + max_new_tokens 30 exceeds the config's n_pos"),
+        ({"max_new_tokens": None, "max_length": 3}, "`max_length` = 3 leaves no new token"),
+        ({"pad_to_multiple_of": 0}, "`pad_to_multiple_of` must be an int >= 1; got 0"),
         ({"input_ids": np.ones((1, 3))}, "`input_ids` must be integer token ids"),
+        ({"input_ids": np.ones((1, 0), int)}, "`input_ids` has shape [1, 0]: generation needs"),
+        (
+            {"input_ids": np.array([[1, 100]])},
+            "`input_ids`[0, 1] is 100, not a token id of the model's vocabulary [0, 100)",
+        ),
+        ({"input_ids": np.array([[-1, 2]])}, "`input_ids`[0, 0] is -1, not a token id"),
+        ({"input_ids": np.array([[1, 2**32 + 3]], np.int64)}, "`input_ids`[0, 1] is 4294967299"),
         ({"attention_mask": np.ones((1, 4))}, "`attention_mask` must have the shape"),
+        ({"attention_mask": np.array([[1, 1, 0]])}, "`attention_mask` row 0 has padding after or"),
+        ({"attention_mask": np.array([[1, 0, 1]])}, "`attention_mask` row 0 has padding after or"),
+        ({"attention_mask": np.array([[0, 0, 0]])}, "`attention_mask` row 0 has no token"),
+        (
+            {"generation_config": {"num_beams": 4}},
+            "`generation_config` key 'num_beams' is 4, which treemod's generate does not implement",
+        ),
+        (
+            {"generation_config": {"top_k": "x"}, "do_sample": True, "key": jax.random.key(0)},
+            "`generation_config` key 'top_k' is 'x'",
+        ),
     ],
 )
 def test_bad_arguments_are_named(model: GPT2LMHeadModel, kwargs: dict, message: str) -> None:
@@ -127,6 +166,13 @@ def test_bad_arguments_are_named(model: GPT2LMHeadModel, kwargs: dict, message: 
         generate(model, **arguments)
     assert "generate (GPT2LMHeadModel)" in str(info.value)
     assert message in str(info.value)
+
+
+def test_greedy_decoding_ignores_temperature_zero_as_transformers(model: GPT2LMHeadModel) -> None:
+    ids = np.array([[3, 1, 4, 1]])
+    greedy = generate(model, ids, max_new_tokens=5)
+    zero = generate(model, ids, max_new_tokens=5, do_sample=False, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(zero), np.asarray(greedy))
 
 
 def test_a_model_without_a_head_is_refused() -> None:

@@ -58,7 +58,9 @@ def _hash_key(value: Any) -> Any:
     # Keys that tell 1, 1.0 and True apart: `config.json` written by one tool as 1.0 and by
     # another as 1 builds the same model, but bool and number differ.
     if isinstance(value, PretrainedConfig):
-        return ("dict", tuple(sorted((k, _hash_key(v)) for k, v in value._values.items())))
+        items = tuple(sorted((k, _hash_key(v)) for k, v in value._values.items()))
+        generation = None if value.generation is None else _hash_key(value.generation)
+        return ("dict", items, generation)
     if isinstance(value, tuple):
         return ("list", tuple(_hash_key(v) for v in value))
     if isinstance(value, bool):
@@ -76,6 +78,9 @@ class PretrainedConfig(Mapping[str, Any]):
     Arguments:
         values: the config's key-value pairs (a dict read from `config.json`, or another
             `PretrainedConfig`). Keys are strings; values JSON values.
+        generation: the checkpoint's `generation_config.json` (`generate`'s defaults), kept
+            as the attribute `generation`; None for none. A `PretrainedConfig` built from
+            another keeps the other's.
 
     Example:
         >>> from treemod.models import PretrainedConfig
@@ -90,9 +95,21 @@ class PretrainedConfig(Mapping[str, Any]):
         {'n_embd': 32, 'rope_scaling': {'rope_type': 'linear'}}
     """
 
-    __slots__ = ("_values", "_hash", "_where")
+    __slots__ = ("_values", "_hash", "_where", "generation")
 
-    def __init__(self, values: Mapping[str, Any], *, _where: str = "") -> None:
+    def __init__(
+        self,
+        values: Mapping[str, Any],
+        *,
+        generation: Mapping[str, Any] | None = None,
+        _where: str = "",
+    ) -> None:
+        if generation is None and isinstance(values, PretrainedConfig):
+            generation = values.generation
+        # The checkpoint's `generation_config.json` (None without one): `generate`'s defaults.
+        self.generation: PretrainedConfig | None = (
+            None if generation is None else PretrainedConfig(generation, _where="generation")
+        )
         if not isinstance(values, Mapping):
             raise TypeError(
                 f"PretrainedConfig: expected a mapping (a dict read from config.json), got "
@@ -146,7 +163,10 @@ class PretrainedConfig(Mapping[str, Any]):
         return self._hash
 
     def __repr__(self) -> str:
-        return f"PretrainedConfig({json.dumps(self.to_dict(), sort_keys=True)})"
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        if self.generation is not None:
+            text += f", generation={json.dumps(self.generation.to_dict(), sort_keys=True)}"
+        return f"PretrainedConfig({text})"
 
 
 class PretrainedModel(Module):

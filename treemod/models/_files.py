@@ -15,11 +15,21 @@ from typing import Any
 from treemod._saving.errors import CheckpointError
 from treemod._saving.safetensors_files import TensorFiles
 
-__all__ = ["CONFIG", "INDEX", "SINGLE", "Checkpoint", "directory_of", "read_config"]
+__all__ = [
+    "CONFIG",
+    "GENERATION",
+    "INDEX",
+    "SINGLE",
+    "Checkpoint",
+    "directory_of",
+    "read_config",
+    "read_generation_config",
+]
 
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+GENERATION = "generation_config.json"
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -35,13 +45,25 @@ def read_config(directory: Path) -> dict[str, Any]:
             f"{path} does not exist: a Hugging Face checkpoint directory has a {CONFIG} naming "
             f"its architecture (save one with transformers' or treemod's save_pretrained)."
         )
+    return _json_object(path)
+
+
+def read_generation_config(directory: Path) -> dict[str, Any] | None:
+    """`generation_config.json` of a checkpoint directory, or None when it has none."""
+    path = directory / GENERATION
+    return _json_object(path) if path.is_file() else None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}).") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} holds a {type(config).__name__}, not a JSON object.")
-    return config
+    except RecursionError:
+        raise CheckpointError(f"{path} nests its JSON too deeply to be a config.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} holds a {type(value).__name__}, not a JSON object.")
+    return value
 
 
 class Checkpoint(TensorFiles):

@@ -3,15 +3,17 @@
 One `filter_jit`-compiled function does the whole generation: the prompt's forward pass fills
 the cache (prefill), then a `lax.while_loop` adds one token per step until `max_new_tokens` or
 every row has produced an end-of-sequence token. It is traced once per batch size, prompt
-length, `max_new_tokens` and sampling settings; the loop never retraces per token. It reads
-the model through `CausalLM`'s contract only (`_causal_lm.py`): any subclass generates.
+length (or length bucket: `pad_to_multiple_of`), `max_new_tokens` and settings; the loop never
+retraces per token. It reads the model through `CausalLM`'s contract only (`_causal_lm.py`):
+any subclass generates. Its values resolve as `transformers`' do (`_generation_config.py`) and
+its logits go through `transformers`' processors (`_sampling.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
@@ -21,73 +23,176 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._transforms.jit import filter_jit
-from treemod.models._attention_parts import token_inputs
 from treemod.models._causal_lm import CausalLM, KVCache, cached_logits
-from treemod.models._sampling import choose
+from treemod.models._generate_inputs import (
+    bucket_padding,
+    prompt_arrays,
+    sampling_keys,
+    stream_put,
+)
+from treemod.models._generation_config import GenerationSettings, generation_settings
+from treemod.models._sampling import process, warp
 
-__all__ = ["generate"]
+__all__ = ["GenerateOutput", "generate"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    max_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    eos: tuple[int, ...]
-    pad: int
+class GenerateOutput(NamedTuple):
+    """`generate(..., output_scores=True)`'s result.
+
+    Arguments:
+        sequences: `(batch, prompt_len + n)` int32 ids, as `generate` returns them.
+        scores: `(batch, n)` float32, the log-probability of each new token under the processed
+            (and, when sampling, warped) distribution it was chosen from: `transformers`'
+            `compute_transition_scores(..., normalize_logits=True)`.
+    """
+
+    sequences: Array
+    scores: Array
+
+
+@overload
+def generate(
+    model: CausalLM,
+    input_ids: Any,
+    *,
+    max_new_tokens: int | None = ...,
+    attention_mask: Any = ...,
+    do_sample: bool | None = ...,
+    temperature: float | None = ...,
+    top_k: int | None = ...,
+    top_p: float | None = ...,
+    min_p: float | None = ...,
+    repetition_penalty: float | None = ...,
+    min_new_tokens: int | None = ...,
+    num_return_sequences: int | None = ...,
+    max_length: int | None = ...,
+    min_length: int | None = ...,
+    eos_token_id: int | Sequence[int] | None = ...,
+    pad_token_id: int | None = ...,
+    suppress_tokens: Sequence[int] | None = ...,
+    begin_suppress_tokens: Sequence[int] | None = ...,
+    generation_config: Mapping[str, Any] | None = ...,
+    pad_to_multiple_of: int | None = ...,
+    output_scores: Literal[False] = ...,
+    streamer: Any = ...,
+    key: PRNGKeyArray | None = ...,
+) -> Array: ...
+
+
+@overload
+def generate(
+    model: CausalLM,
+    input_ids: Any,
+    *,
+    max_new_tokens: int | None = ...,
+    attention_mask: Any = ...,
+    do_sample: bool | None = ...,
+    temperature: float | None = ...,
+    top_k: int | None = ...,
+    top_p: float | None = ...,
+    min_p: float | None = ...,
+    repetition_penalty: float | None = ...,
+    min_new_tokens: int | None = ...,
+    num_return_sequences: int | None = ...,
+    max_length: int | None = ...,
+    min_length: int | None = ...,
+    eos_token_id: int | Sequence[int] | None = ...,
+    pad_token_id: int | None = ...,
+    suppress_tokens: Sequence[int] | None = ...,
+    begin_suppress_tokens: Sequence[int] | None = ...,
+    generation_config: Mapping[str, Any] | None = ...,
+    pad_to_multiple_of: int | None = ...,
+    output_scores: Literal[True],
+    streamer: Any = ...,
+    key: PRNGKeyArray | None = ...,
+) -> GenerateOutput: ...
 
 
 def generate(
     model: CausalLM,
     input_ids: Any,
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     attention_mask: Any = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    min_new_tokens: int | None = None,
+    num_return_sequences: int | None = None,
+    max_length: int | None = None,
+    min_length: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    suppress_tokens: Sequence[int] | None = None,
+    begin_suppress_tokens: Sequence[int] | None = None,
+    generation_config: Mapping[str, Any] | None = None,
+    pad_to_multiple_of: int | None = None,
+    output_scores: bool = False,
+    streamer: Any = None,
     key: PRNGKeyArray | None = None,
-) -> Array:
+) -> Array | GenerateOutput:
     """Continue each prompt by up to `max_new_tokens` tokens, as `transformers`' `generate`.
 
-    Works with every causal language model of the zoo (`GPT2LMHeadModel`, `LlamaForCausalLM`,
-    `MistralForCausalLM`, `Qwen2ForCausalLM`: the subclasses of `CausalLM`). Prompts of
-    different lengths go in one batch left-padded, with `attention_mask` 0 on the padding;
-    position ids come from the mask (`cumsum(mask) - 1`) as in `transformers`. A key-value
-    cache of `prompt + max_new_tokens` slots is filled by one forward pass over the prompts,
-    then one token is added per step in a compiled loop: the whole call is compiled once per
-    batch size, prompt length, `max_new_tokens` and sampling settings. Decoding runs in
+    Works with every causal language model of the zoo (the subclasses of `CausalLM`). Each
+    value not given comes, as in `transformers`, from the model's generation config (the
+    checkpoint's `generation_config.json`, else the token ids of its `config.json`: its
+    end-of-sequence ids stop generation), else from `transformers`' defaults (`max_length`
+    20, `top_k` 50 when sampling). Values of that config treemod does not implement (beam
+    search, ...) are refused by name; `generation_config={}` decodes without them.
+
+    Prompts of different lengths go in one batch left-padded, with `attention_mask` 0 on the
+    padding (right padding is refused: the model would continue from the padding); position
+    ids come from the mask as in `transformers`. A key-value cache of `prompt +
+    max_new_tokens` slots is filled by one forward pass, then one token is added per step in
+    a compiled loop. The call compiles once per batch size, prompt length and settings:
+    `pad_to_multiple_of=64` left-pads prompts to a multiple of 64 tokens so that one
+    compilation serves every length in the bucket, with the same tokens. Decoding runs in
     inference mode (no dropout).
 
-    Greedy decoding (`do_sample=False`) takes the most likely token, giving `transformers`'
-    greedy tokens. Sampling applies, in `transformers`' order, `temperature`, `top_k` (keep the
-    k most likely tokens) and `top_p` (keep the most likely tokens whose probabilities sum to
-    `top_p`), then draws with `key`. Unlike `transformers`' default generation config, no
-    top-k is applied unless asked for. A row that produces an `eos_token_id` is finished: its
-    later tokens are `pad_token_id` (default: the first end-of-sequence id), and generation
-    stops early once every row is finished, returning a shorter array.
+    Greedy decoding (`do_sample=False`) takes the most likely token after the processors
+    (`repetition_penalty`, `min_new_tokens`, suppressed tokens), giving `transformers`' greedy
+    tokens. Sampling then applies `temperature`, `top_k`, `top_p` and `min_p` and draws with
+    `key`: one key for the batch, or one key per row (`(batch * num_return_sequences,)` keys,
+    e.g. `jax.random.split`), so that a row's tokens do not depend on the rows beside it. A
+    row that produces an end-of-sequence id is finished: its later tokens are
+    `pad_token_id` (default: the first end-of-sequence id), and generation stops once every
+    row is finished, returning a shorter array.
 
     Arguments:
         model: the language model.
-        input_ids: `(batch, prompt_len)` integer token ids (NumPy or JAX).
-        max_new_tokens: the largest number of tokens to add.
+        input_ids: `(batch, prompt_len)` integer token ids (NumPy or JAX), each below the
+            vocabulary size.
+        max_new_tokens: the largest number of tokens to add (else from `max_length`).
         attention_mask: `(batch, prompt_len)`, 1 for tokens and 0 for (left) padding.
         do_sample: sample instead of greedy decoding.
-        temperature: divides the logits before sampling (positive).
-        top_k: with sampling, keep only the `top_k` most likely tokens.
+        temperature: with sampling, divides the logits (positive; greedy ignores it).
+        top_k: with sampling, keep only the `top_k` most likely tokens (0: all).
         top_p: with sampling, keep the most likely tokens up to probability `top_p` (0 to 1].
+        min_p: with sampling, keep the tokens at least `min_p` times as likely as the top one.
+        repetition_penalty: divides the positive logits (multiplies the negative ones) of the
+            tokens already in the row (1: none).
+        min_new_tokens: no end of sequence before this many new tokens.
+        num_return_sequences: sequences per prompt (sampling), as consecutive rows.
+        max_length: prompt plus new tokens, when `max_new_tokens` is not given.
+        min_length: prompt plus new tokens before an end of sequence may come.
         eos_token_id: the end-of-sequence token id, or several.
         pad_token_id: the id written after a row's end of sequence.
-        key: the PRNG key for sampling.
+        suppress_tokens: ids never generated; `begin_suppress_tokens`: ids not generated first.
+        generation_config: a dict that replaces the model's generation config.
+        pad_to_multiple_of: left-pad the prompts to a multiple of this many tokens (one
+            compilation per bucket); the result is as without it.
+        output_scores: also return each new token's log-probability (`GenerateOutput`).
+        streamer: an object with `put(ids)` and `end()` (`transformers`' `TextStreamer`
+            works): `put` receives the prompts `(batch, prompt_len)`, then each step's new
+            tokens `(batch,)` as NumPy arrays while the loop runs; `end()` at the end.
+        key: the PRNG key (or keys, one per row) for sampling.
 
     Returns:
-        `(batch, prompt_len + n)` int32 ids, the prompts followed by `n <= max_new_tokens`
-        new tokens.
+        `(batch * num_return_sequences, prompt_len + n)` int32 ids, the prompts followed by
+        `n <= max_new_tokens` new tokens; with `output_scores`, a `GenerateOutput`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -102,27 +207,76 @@ def generate(
     if not isinstance(model, CausalLM):
         raise TypeError(
             f"generate: {type(model).__name__} is not a causal language model of "
-            "treemod.models; pass a CausalLM: GPT2LMHeadModel or a Llama-family *ForCausalLM "
-            "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."
+            "treemod.models; pass a CausalLM (GPT2LMHeadModel, LlamaForCausalLM, ...: the "
+            "classes whose transformers twin generates)."
         )
     owner = f"generate ({type(model).__name__})"
-    ids, mask, _ = token_inputs(owner, input_ids, attention_mask, None)
-    settings = _settings(
-        owner, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id
+    parts = model.lm_parts()
+    vocab = int(parts.token_embedding.weight.shape[0])
+    ids, mask = prompt_arrays(owner, input_ids, attention_mask, vocab)
+    call = {
+        "max_new_tokens": max_new_tokens,
+        "max_length": max_length,
+        "min_new_tokens": min_new_tokens,
+        "min_length": min_length,
+        "do_sample": do_sample,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "repetition_penalty": repetition_penalty,
+        "num_return_sequences": num_return_sequences,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "suppress_tokens": suppress_tokens,
+        "begin_suppress_tokens": begin_suppress_tokens,
+    }
+    s = generation_settings(
+        owner,
+        model.config,
+        call,
+        generation_config=generation_config,
+        prompt_len=ids.shape[1],
+        vocab_size=vocab,
     )
-    if do_sample and key is None:
-        raise ValueError(f"{owner}: sampling (do_sample=True) needs `key=` (a PRNG key).")
     limit = model.max_positions()
-    if limit is not None and ids.shape[1] + max_new_tokens > limit[1]:
+    if limit is not None and ids.shape[1] + s.max_new_tokens > limit[1]:
         raise ValueError(
-            f"{owner}: prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} "
+            f"{owner}: prompt length {ids.shape[1]} + max_new_tokens {s.max_new_tokens} "
             f"exceeds the config's {limit[0]}={limit[1]} (the model has no positions beyond "
             "it); shorten the prompt or max_new_tokens."
         )
-    if mask is None:
-        mask = jnp.ones(ids.shape, bool)
-    tokens, steps = _run(model, ids.astype(jnp.int32), mask, key, settings)
-    return tokens[:, : ids.shape[1] + int(steps)]
+    rows = ids.shape[0] * s.num_return_sequences
+    keys = sampling_keys(owner, key, s, rows)
+    if s.num_return_sequences > 1:
+        ids = np.repeat(ids, s.num_return_sequences, axis=0)
+        mask = np.repeat(mask, s.num_return_sequences, axis=0)
+    width = ids.shape[1]
+    extra = bucket_padding(owner, width, pad_to_multiple_of)
+    if extra:
+        ids = np.concatenate([np.full((rows, extra), s.pad, ids.dtype), ids], axis=1)
+        mask = np.concatenate([np.zeros((rows, extra), bool), mask], axis=1)
+    put = stream_put(owner, streamer)
+    if put is not None:
+        put(ids[:, extra:])
+    tokens, scores, steps = _run(model, jnp.asarray(ids), jnp.asarray(mask), keys, s, put)
+    if put is not None:
+        streamer.end()
+    sequences = tokens[:, extra : width + extra + int(steps)]
+    if output_scores:
+        return GenerateOutput(sequences, scores[:, : int(steps)])
+    return sequences
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    eos: tuple[int, ...]
+    pad: int
 
 
 def _settings(
@@ -175,9 +329,15 @@ def _settings(
 
 @filter_jit
 def _run(
-    model: CausalLM, ids: Array, mask: Array, key: PRNGKeyArray | None, s: _Settings
-) -> tuple[Array, Array]:
-    """Prefill, then the decoding loop; returns the token buffer and the steps taken."""
+    model: CausalLM,
+    ids: Array,
+    mask: Array,
+    keys: PRNGKeyArray | None,
+    s: GenerationSettings,
+    put: Any,
+) -> tuple[Array, Array, Array]:
+    """Prefill, then the decoding loop; returns the token buffer, the new tokens' scores and
+    the steps taken."""
     model = nn.inference_mode(model)  # at trace time: decoding drops nothing
     batch, prompt_len = ids.shape
     max_len = prompt_len + s.max_new_tokens
@@ -187,49 +347,61 @@ def _run(
     cache = KVCache.empty(layout, batch, max_len).at(jnp.int32(0), valid)
     logits, cache = cached_logits(model, ids, positions, cache)
     tokens = jnp.zeros((batch, max_len), jnp.int32).at[:, :prompt_len].set(ids)
+    scores = jnp.zeros((batch, s.max_new_tokens), jnp.float32)
     eos = jnp.asarray(s.eos, jnp.int32) if s.eos else None
+    rows = jnp.arange(batch)
+    seen = None
+    if s.repetition_penalty != 1.0:
+        # The prompts' tokens, their left padding left out (as transformers since 5.13).
+        own = jnp.where(mask, ids, logits.shape[-1])
+        seen = jnp.zeros((batch, logits.shape[-1] + 1), bool).at[rows[:, None], own].set(True)
+        seen = seen[:, :-1]
 
-    def pick(
-        step: Array, tokens: Array, valid: Array, logits: Array, unfinished: Array, key: Any
-    ) -> tuple[Array, Array, Array, Array, Any]:
-        sub = None
+    def pick(step: Array, state: tuple[Any, ...], logits: Array) -> tuple[Any, ...]:
+        tokens, valid, scores, unfinished, keys, seen = state
+        processed = process(logits, s, seen, step)
         if s.do_sample:
-            key, sub = jax.random.split(key)
-        token = choose(
-            logits,
-            do_sample=s.do_sample,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            key=sub,
-        )
+            processed = warp(processed, s)
+            if keys.ndim == 0:
+                keys, sub = jax.random.split(keys)
+                token = jax.random.categorical(sub, processed, axis=-1)
+            else:
+                pairs = jax.vmap(jax.random.split)(keys)
+                keys = pairs[:, 0]
+                token = jax.vmap(jax.random.categorical)(pairs[:, 1], processed)
+        else:
+            token = jnp.argmax(processed, axis=-1)
+        token = token.astype(jnp.int32)
         if eos is not None:
             token = jnp.where(unfinished, token, s.pad)
             unfinished = unfinished & ~jnp.isin(token, eos)
+        logprob = jnp.take_along_axis(jax.nn.log_softmax(processed), token[:, None], axis=-1)
+        scores = lax.dynamic_update_slice(scores, logprob, (0, step))
+        if seen is not None:
+            seen = seen.at[rows, token].set(True)
+        if put is not None:
+            jax.debug.callback(lambda t: put(np.asarray(t)), token, ordered=True)
         slot = prompt_len + step
         tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, slot))
         valid = lax.dynamic_update_slice(valid, jnp.ones((batch, 1), bool), (0, slot))
-        return tokens, valid, token, unfinished, key
+        return (tokens, valid, scores, unfinished, keys, seen), token
 
     # The new token's position: the number of real tokens before it.
     position = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    unfinished = jnp.ones((batch,), bool)
-    tokens, valid, token, unfinished, key = pick(
-        jnp.int32(0), tokens, valid, logits, unfinished, key
-    )
+    state = (tokens, valid, scores, jnp.ones((batch,), bool), keys, seen)
+    state, token = pick(jnp.int32(0), state, logits)
 
-    def cond(state: tuple[Any, ...]) -> Array:
-        step: Array = state[0]
-        return (step < s.max_new_tokens) & jnp.any(state[5])
+    def cond(loop: tuple[Any, ...]) -> Array:
+        step: Array = loop[0]
+        return (step < s.max_new_tokens) & jnp.any(loop[1][3])
 
-    def body(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        step, tokens, valid, cache, token, unfinished, position, key = state
+    def body(loop: tuple[Any, ...]) -> tuple[Any, ...]:
+        step, state, cache, token, position = loop
         offset = prompt_len + step - 1
         new, pos = token[:, None], position[:, None]
-        logits, cache = cached_logits(model, new, pos, cache.at(offset, valid))
-        tokens, valid, token, unfinished, key = pick(step, tokens, valid, logits, unfinished, key)
-        return step + 1, tokens, valid, cache, token, unfinished, position + 1, key
+        logits, cache = cached_logits(model, new, pos, cache.at(offset, state[1]))
+        state, token = pick(step, state, logits)
+        return step + 1, state, cache, token, position + 1
 
-    state = (jnp.int32(1), tokens, valid, cache, token, unfinished, position, key)
-    step, tokens, *_ = lax.while_loop(cond, body, state)
-    return tokens, step
+    step, state, *_ = lax.while_loop(cond, body, (jnp.int32(1), state, cache, token, position))
+    return state[0], state[2], step

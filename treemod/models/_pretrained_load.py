@@ -26,8 +26,14 @@ from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.report import StateDictMismatch, StateDictReport, compare_tensors
 from treemod._state_dict.walk import expected_tensors, name_tensors, rebuild
 from treemod._transforms.eval_shape import filter_eval_shape
-from treemod.models._base import PretrainedModel, architecture_class
-from treemod.models._files import CONFIG, Checkpoint, directory_of, read_config
+from treemod.models._base import PretrainedConfig, PretrainedModel, architecture_class
+from treemod.models._files import (
+    CONFIG,
+    Checkpoint,
+    directory_of,
+    read_config,
+    read_generation_config,
+)
 from treemod.models._names import base_prefix, ignored, model_names
 from treemod.models._plan import Computed, Recipe, Stacked, Tensor, plan, recipe_path
 from treemod.models._sharding import ShardingFunction, ShardingLike, sharding_function
@@ -147,8 +153,10 @@ def from_pretrained(
     checkpoint = Checkpoint(directory)
     model_dtype = jnp.dtype(dtype) if dtype is not None else _checkpoint_dtype(checkpoint)
 
+    full_config = PretrainedConfig(config, generation=read_generation_config(directory))
+
     def build(k: Any) -> PretrainedModel:
-        return cls.from_config(config, key=k, dtype=model_dtype)
+        return cls.from_config(full_config, key=k, dtype=model_dtype)
 
     # An abstract key: making a concrete one compiles a program (~0.7 s), needed only when a
     # partial load leaves tensors to draw at random.

@@ -24,7 +24,7 @@ from treemod._saving.safetensors_write import write_tensors
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import name_tensors
 from treemod.models._base import PretrainedModel
-from treemod.models._files import CONFIG, INDEX, SINGLE, directory_of
+from treemod.models._files import CONFIG, GENERATION, INDEX, SINGLE, directory_of
 from treemod.models._names import file_name
 
 __all__ = ["parse_size", "save_pretrained"]
@@ -87,8 +87,9 @@ def save_pretrained(
     and `dtype` set, as `transformers` 5 writes them) and the weights in safetensors files
     (metadata `{"format": "pt"}`): one `model.safetensors`, or shards and
     `model.safetensors.index.json` when they exceed `max_shard_size`. Tied weights are written
-    once, under the name they are tied to. Other files in the directory (a tokenizer) are
-    kept; old weight files are replaced.
+    once, under the name they are tied to. The generation defaults the model was loaded with
+    (`model.config.generation`) go to `generation_config.json`. Other files in the directory (a
+    tokenizer) are kept; old weight files and generation config are replaced.
 
     Arguments:
         model: a zoo model (`PretrainedModel`).
@@ -159,6 +160,9 @@ def save_pretrained(
                 "weight_map": {n: file for file, names in files.items() for n in names},
             }
             written.append(_write_json(directory, INDEX, index))
+        if model.config.generation is not None:
+            generation = model.config.generation.to_dict()
+            written.append(_write_json(directory, GENERATION, generation))
         written.append(_write_json(directory, CONFIG, config))
     except BaseException:
         for temporary, _ in written:
@@ -170,7 +174,7 @@ def save_pretrained(
     (directory / CONFIG).unlink(missing_ok=True)
     keep = {final.name for _, final in written}
     for old in directory.iterdir():
-        stale = old.name in (SINGLE, INDEX) or _SHARD.match(old.name)
+        stale = old.name in (SINGLE, INDEX, GENERATION) or _SHARD.match(old.name)
         if stale and old.name not in keep:
             old.unlink()
     for temporary, final in written:
