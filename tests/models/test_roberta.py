@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+import safetensors.numpy
 import transformers
 from bert_family_checks import (
     RTOL,
@@ -226,3 +227,17 @@ def test_dropout_runs_only_in_training_mode_and_bfloat16_builds() -> None:
     )
     out = run(half, {"input_ids": np.array([[0, 5, 6, 7, 2]])})
     assert out.dtype == jax.numpy.bfloat16 and bool(jax.numpy.isfinite(out).all())
+
+
+def test_files_that_wrote_the_tied_names_load(tmp_path: Any) -> None:
+    """Older transformers wrote `lm_head.decoder.weight` and `.bias` too: equal, they load."""
+    hf, _ = pair("Roberta", "ForMaskedLM")
+    hf.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors.numpy.load_file(path)
+    tensors["lm_head.decoder.weight"] = tensors["roberta.embeddings.word_embeddings.weight"]
+    tensors["lm_head.decoder.bias"] = tensors["lm_head.bias"]
+    safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+    model = tm.models.from_pretrained(tmp_path)
+    inputs = padded(np.random.default_rng(9), 2, 5, TINY["vocab_size"], 1, "left")
+    assert relative_error(run(model, inputs), reference(hf, inputs)) < RTOL
