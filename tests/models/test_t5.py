@@ -24,7 +24,13 @@ import treemod as tm
 import treemod.lora as lora
 from treemod.models import from_pretrained, save_pretrained
 from treemod.models._t5_layers import bucket_table
-from treemod.models.t5 import T5EncoderModel, T5ForConditionalGeneration, T5Model
+from treemod.models.t5 import (
+    T5EncoderModel,
+    T5ForConditionalGeneration,
+    T5ForSequenceClassification,
+    T5ForTokenClassification,
+    T5Model,
+)
 
 BASE = {
     "vocab_size": 60,
@@ -245,3 +251,36 @@ def test_lora_matches_peft(tmp_path: Path) -> None:
     want = _hf_out(reference, inputs)
     assert relative_error(run(tuned, inputs), want) <= RTOL
     assert relative_error(run(model, inputs), want) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "cls, hf_cls",
+    [
+        (T5ForSequenceClassification, T.T5ForSequenceClassification),
+        (T5ForTokenClassification, T.T5ForTokenClassification),
+    ],
+    ids=["sequence", "token"],
+)
+def test_classification_heads_both_ways(cls: Any, hf_cls: Any, tmp_path: Path) -> None:
+    config = {**BASE, "num_labels": 3, "eos_token_id": 1}
+    torch.manual_seed(0)
+    hf = hf_cls(T.T5Config(**config))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    hf.eval()
+    inputs = _inputs(T5EncoderModel)
+    inputs["input_ids"][:, -1] = 1  # one end-of-sequence token per row, where rows end
+    inputs["input_ids"][1, 4] = 1  # and two in row 1: the last one counts
+    inputs["input_ids"][0, 2] = 1
+    inputs["input_ids"][2, 5] = 1
+    want = _hf_out(hf, inputs)
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_pretrained(tmp_path / "hf")
+    assert type(model) is cls
+    assert relative_error(run(model, inputs), want) <= RTOL
+    save_pretrained(model, tmp_path / "tm")
+    back, info = hf_cls.from_pretrained(tmp_path / "tm", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert relative_error(_hf_out(back.eval(), inputs), want) <= RTOL
