@@ -9,30 +9,75 @@ anything is allocated. Checks that relate values (a divisor, a window) stay in t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from treemod.models._base import PretrainedConfig, config_error
 
-__all__ = ["Value", "check_value", "defaults", "num_labels", "read_config"]
+__all__ = ["SHARED", "Value", "check_value", "defaults", "num_labels", "read_config"]
 
 _KINDS = {
     "size": "a positive integer",
     "count": "an integer >= 0",
-    "positive": "a positive number",
+    "positive": "a finite positive number",
+    "nonnegative": "a finite number >= 0",
     "prob": "a probability in [0, 1]",
     "dropout": "a probability in [0, 1]",
     "bool": "true or false",
     "any": "",
+}
+# Array sizes and indices are int32 in JAX.
+_INT32_MAX = 2**31 - 1
+
+# Keys whose meaning every Hugging Face config shares: whichever family reads one, it is
+# checked as this kind and, for sizes, below this limit (far above any published model: a
+# config past it is damaged, and building it would only fail later, out of memory).
+SHARED: dict[str, tuple[str, int | None]] = {
+    **dict.fromkeys(
+        (
+            "num_hidden_layers",
+            "n_layer",
+            "num_layers",
+            "num_decoder_layers",
+            "encoder_layers",
+            "decoder_layers",
+        ),
+        ("size", 4096),
+    ),
+    **dict.fromkeys(
+        (
+            "num_attention_heads",
+            "n_head",
+            "num_key_value_heads",
+            "num_heads",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+        ),
+        ("size", 4096),
+    ),
+    "head_dim": ("size", 8192),
+    **dict.fromkeys(
+        ("hidden_size", "n_embd", "d_model", "intermediate_size", "n_inner", "d_ff", "d_kv"),
+        ("size", 2**20),
+    ),
+    "vocab_size": ("size", 2**24),
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), ("size", 2**27)),
+    **dict.fromkeys(
+        ("rope_theta", "layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon"), ("positive", None)
+    ),
+    "initializer_range": ("nonnegative", None),
 }
 
 
 class Value(NamedTuple):
     """One config value a family reads: the config class's default and the value's kind.
 
-    Kinds: `"size"` (an int >= 1), `"count"` (an int >= 0), `"positive"` (a number > 0),
-    `"prob"` (a number in [0, 1]), `"dropout"` (a probability, null reading as 0.0, made a
-    float), `"bool"`, `"any"` (unchecked). With `nullable`, null is accepted as it is.
+    Kinds: `"size"` (an int >= 1), `"count"` (an int >= 0), both within int32,
+    `"positive"` (a finite number > 0), `"nonnegative"` (a finite number >= 0), `"prob"` (a
+    number in [0, 1]), `"dropout"` (a probability, null reading as 0.0, made a float),
+    `"bool"`, `"any"` (unchecked, or the kind `SHARED` gives a key every config shares). Keys
+    in `SHARED` are also held below its limits.
     """
 
     default: Any
@@ -59,17 +104,27 @@ def check_value(owner: str, name: str, value: Any, kind: str) -> Any:
         value = check_value(owner, name, value, kind)
         return float(value)
     number = not isinstance(value, bool) and isinstance(value, int | float)
+    number = number and math.isfinite(value)
     integer = number and isinstance(value, int)
     ok = {
-        "size": integer and value >= 1,
-        "count": integer and value >= 0,
+        "size": integer and 1 <= value <= _INT32_MAX,
+        "count": integer and 0 <= value <= _INT32_MAX,
         "positive": number and value > 0,
+        "nonnegative": number and value >= 0,
         "prob": number and 0 <= value <= 1,
         "bool": isinstance(value, bool),
         "any": True,
     }[kind]
     if not ok:
         raise config_error(owner, name, value, _KINDS[kind])
+    limit = SHARED.get(name, ("", None))[1]
+    if limit is not None and kind in ("size", "count") and value > limit:
+        raise config_error(
+            owner,
+            name,
+            value,
+            f"{_KINDS[kind]} up to {limit:,} (no published model has more: is the config damaged?)",
+        )
     return value
 
 
@@ -99,7 +154,8 @@ def read_config(
     values.update(plain)
     for name, spec in declared.items():
         if not (spec.nullable and values[name] is None):
-            values[name] = check_value(owner, name, values[name], spec.kind)
+            kind = spec.kind if spec.kind != "any" else SHARED.get(name, ("any", None))[0]
+            values[name] = check_value(owner, name, values[name], kind)
     return values
 
 

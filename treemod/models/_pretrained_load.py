@@ -161,7 +161,10 @@ def from_pretrained(
     # An abstract key: making a concrete one compiles a program (~0.7 s), needed only when a
     # partial load leaves tensors to draw at random.
     abstract_key = jax.eval_shape(jax.random.key, 0) if key is None else key
-    skeleton = filter_eval_shape(build, abstract_key)
+    try:
+        skeleton = filter_eval_shape(build, abstract_key)
+    except CheckpointError as e:  # a refused config value: name the file it is in
+        raise CheckpointError(f"{directory / CONFIG}: {e}") from None
 
     def build_concrete() -> PretrainedModel:
         return build(jax.random.key(0) if key is None else key)
