@@ -45,7 +45,7 @@ def check_directories(hf: Any, tmp_path: Path, vocab: int) -> None:
     back.eval()
     for key, value in hf.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
-    assert relative_error(hf_output(back, input_ids=ids, attention_mask=mask), want) <= RTOL
+    assert relative_error(hf_output(back, input_ids=ids, attention_mask=mask), want, mask) <= RTOL
     assert (back.config.model_type, back.config.architectures) == (
         hf.config.model_type,
         hf.config.architectures,

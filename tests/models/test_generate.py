@@ -25,6 +25,7 @@ from treemod.models import (
     Qwen2ForCausalLM,
     generate,
 )
+from treemod.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM
 from treemod.models.llama_variants import Qwen3ForCausalLM
 
 # A wide initialisation spreads the logits, so greedy choices are far from ties.
@@ -73,6 +74,41 @@ CASES: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {
             "use_sliding_window": True,
             "sliding_window": 3,
             "max_window_layers": 1,
+        },
+    ),
+    # Scaled embeddings, (1 + weight) norms, tied head.
+    "gemma": (
+        transformers.GemmaForCausalLM,
+        transformers.GemmaConfig,
+        GemmaForCausalLM,
+        {**_LLAMA, "head_dim": 8},
+    ),
+    # Soft-capped scores and logits; layer 0 a sliding window of 3.
+    "gemma2": (
+        transformers.Gemma2ForCausalLM,
+        transformers.Gemma2Config,
+        Gemma2ForCausalLM,
+        {
+            **_LLAMA,
+            "head_dim": 8,
+            "sliding_window": 3,
+            "query_pre_attn_scalar": 8,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
+    # q/k norms; the sliding layer's own RoPE base, the full layer's RoPE scaled.
+    "gemma3": (
+        transformers.Gemma3ForCausalLM,
+        transformers.Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            **_LLAMA,
+            "head_dim": 8,
+            "sliding_window": 3,
+            "sliding_window_pattern": 2,
+            "rope_local_base_freq": 100.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
         },
     ),
     "llama-rope-llama3": (
@@ -135,7 +171,8 @@ def _never_generated(tokens: np.ndarray) -> int:
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_equals_transformers_with_padding_and_eos(name: str) -> None:
     hf_cls, config_cls, tm_cls, config = CASES[name]
-    hf, model = pair(hf_cls, config_cls, tm_cls, config)
+    attn = "eager" if name == "gemma2" else "sdpa"  # transformers' Gemma 2 has no SDPA
+    hf, model = pair(hf_cls, config_cls, tm_cls, config, attn)
     ids, mask = prompts((2, 5, 7))
     new = 10
     plain = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=None, pad_token_id=0)

@@ -235,7 +235,7 @@ def llama_attention(values: Mapping[str, Any], linear: Linear, norm: Norm, dtype
         q_norm=norm(head_dim, values["rms_norm_eps"], dtype) if qk_norm else None,
         k_norm=norm(head_dim, values["rms_norm_eps"], dtype) if qk_norm else None,
         scaling=values.get("scaling"),
-        softcap=values.get("attn_logit_softcapping"),
+        softcap=values.get("softcap"),
     )
 
 
@@ -273,7 +273,7 @@ def build_layer(
     `values` holds `hidden_size`, `intermediate_size`, `num_attention_heads`,
     `num_key_value_heads`, `head_dim`, `qkv_bias`, `o_bias`, `mlp_bias`, `hidden_act`,
     `rms_norm_eps`, `attention_dropout` and `initializer_range`, and optionally `qk_norm`,
-    `scaling`, `attn_logit_softcapping` and `sandwich_norms` (Gemma 2's four norms). `parts`
+    `scaling`, `softcap` (of the scores) and `sandwich_norms` (Gemma 2's four norms). `parts`
     builds the norms, attention and MLP.
     """
     hidden = values["hidden_size"]

@@ -27,6 +27,8 @@ __all__ = [
     "Qwen2Model",
     "Qwen3ForCausalLM",
     "Qwen3Model",
+    "layer_kinds",
+    "sliding_window",
 ]
 
 MISTRAL_VALUES: dict[str, Value] = {
@@ -61,11 +63,39 @@ QWEN3_VALUES: dict[str, Value] = {
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def _window(owner: str, window: Any) -> int | None:
+def sliding_window(owner: str, window: Any) -> int | None:
+    """The config's `sliding_window`, checked: `None`, or a positive int."""
     checked: int | None = window
     if window is not None:
         checked = check_value(owner, "sliding_window", window, "size")
     return checked
+
+
+def layer_kinds(
+    owner: str, types: Any, n: int, window: int | None, hint: str = ""
+) -> tuple[int, ...]:
+    """The `layer_kinds` of a config's `layer_types` (0 full attention, 1 sliding window).
+
+    Arguments:
+        owner: the model class's name, for messages.
+        types: the config's `layer_types`, a list of `n` names.
+        n: `num_hidden_layers`.
+        window: the sliding window (`None` refuses `"sliding_attention"` layers).
+        hint: added to the refusal of a missing window.
+
+    Returns:
+        One kind per layer.
+    """
+    if not isinstance(types, list | tuple) or len(types) != n:
+        raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
+    for i, kind in enumerate(types):
+        if kind not in _LAYER_TYPES:
+            expected = ", ".join(map(repr, _LAYER_TYPES))
+            raise config_error(owner, f"layer_types[{i}]", kind, expected)
+        if kind == "sliding_attention" and window is None:
+            expected = f"an int window for 'sliding_attention' layers{hint}"
+            raise config_error(owner, "sliding_window", window, expected)
+    return tuple(_LAYER_TYPES.index(kind) for kind in types)
 
 
 class MistralModel(LlamaModel):
@@ -79,7 +109,7 @@ class MistralModel(LlamaModel):
     def variant_rules(cls, owner: str, v: dict[str, Any]) -> None:
         """No biases; `sliding_window` (null for none) on every layer."""
         v["qkv_bias"], v["o_bias"], v["mlp_bias"] = False, False, False
-        v["sliding_window"] = window = _window(owner, v["sliding_window"])
+        v["sliding_window"] = window = sliding_window(owner, v["sliding_window"])
         v["layer_kinds"] = tuple(int(window is not None) for _ in range(v["num_hidden_layers"]))
 
 
@@ -104,7 +134,7 @@ class Qwen2Model(LlamaModel):
         sliding windows on the layers `layer_types` names, or else, with `use_sliding_window`,
         on the layers from `max_window_layers` on."""
         v["qkv_bias"], v["o_bias"], v["mlp_bias"] = True, False, False
-        window = _window(owner, v["sliding_window"]) if v["use_sliding_window"] else None
+        window = sliding_window(owner, v["sliding_window"]) if v["use_sliding_window"] else None
         if window is not None:  # unused, the config's value is kept (the field shows it)
             v["sliding_window"] = window
         n, types = v["num_hidden_layers"], v["layer_types"]
@@ -112,21 +142,8 @@ class Qwen2Model(LlamaModel):
             limit = check_value(owner, "max_window_layers", v["max_window_layers"], "count")
             v["layer_kinds"] = tuple(int(window is not None and i >= limit) for i in range(n))
             return
-        if not isinstance(types, list | tuple) or len(types) != n:
-            raise config_error(owner, "layer_types", types, f"a list of {n} layer types")
-        for i, kind in enumerate(types):
-            if kind not in _LAYER_TYPES:
-                expected = ", ".join(map(repr, _LAYER_TYPES))
-                raise config_error(owner, f"layer_types[{i}]", kind, expected)
-            if kind == "sliding_attention" and window is None:
-                raise config_error(
-                    owner,
-                    "sliding_window",
-                    window,
-                    "an int window for 'sliding_attention' layers (set use_sliding_window and "
-                    "sliding_window)",
-                )
-        v["layer_kinds"] = tuple(_LAYER_TYPES.index(kind) for kind in types)
+        hint = " (set use_sliding_window and sliding_window)"
+        v["layer_kinds"] = layer_kinds(owner, types, n, window, hint)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
