@@ -144,3 +144,32 @@ def test_save_then_load_is_the_identity(size: int, dtype: str, seed: int) -> Non
         assert again.embed.weight.dtype == jnp.dtype(dtype)
         for name, value in tm.state_dict(model).items():
             np.testing.assert_array_equal(tm.state_dict(again)[name], value)
+
+
+def test_unmerged_lora_adapters_are_refused_and_merged_ones_save(tmp_path: Path) -> None:
+    import treemod.lora as lora
+    from treemod.models import LlamaForCausalLM
+
+    config = {
+        "vocab_size": 64,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    model = LlamaForCausalLM.from_config(config, key=jax.random.key(0))
+    save_pretrained(model, tmp_path)
+    tuned = lora.add_lora(model, ["q_proj", "v_proj"], r=2, alpha=4, key=jax.random.key(1))
+    with pytest.raises(ValueError, match=r"q_proj\.base_layer\.weight.*treemod\.lora\.merge"):
+        save_pretrained(tuned, tmp_path)
+    from_pretrained(tmp_path)  # the old checkpoint is untouched
+    save_pretrained(lora.merge(tuned), tmp_path)
+    assert set(tm.state_dict(from_pretrained(tmp_path))) == set(tm.state_dict(model))
+
+
+def test_a_donated_array_is_named(tmp_path: Path) -> None:
+    model = from_pretrained(write(tmp_path / "src", make_tensors()))
+    model.embed.weight.delete()
+    with pytest.raises(RuntimeError, match=r"save_pretrained: could not fetch the array at embed"):
+        save_pretrained(model, tmp_path / "out")

@@ -73,6 +73,23 @@ def test_a_rule_with_too_many_axes_names_the_tensor(tmp_path: Path) -> None:
         )
 
 
+def test_a_rule_that_does_not_divide_a_tensor_names_tensor_and_rule(tmp_path: Path) -> None:
+    mesh = Mesh(np.array(jax.devices()[:3]), ("x",))  # 3 does not divide 8
+    with pytest.raises(
+        ValueError, match=r"rule 'norm' gives norm\.weight of shape \(8,\) the sharding .*evenly"
+    ):
+        from_pretrained(
+            write(tmp_path, make_tensors()), sharding=(mesh, {"norm": PartitionSpec("x")})
+        )
+
+    def where(path: str, shape: tuple[int, ...], dtype: Any) -> jax.sharding.Sharding:
+        spec = PartitionSpec(None, "x") if path == "embed.weight" else PartitionSpec()
+        return NamedSharding(mesh, spec)
+
+    with pytest.raises(ValueError, match=r"the sharding function gives embed\.weight of shape"):
+        from_pretrained(write(tmp_path / "f", make_tensors()), sharding=where)
+
+
 def test_bad_sharding_arguments() -> None:
     mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
     from treemod.models._sharding import sharding_function

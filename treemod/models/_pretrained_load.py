@@ -36,7 +36,12 @@ from treemod.models._files import (
 )
 from treemod.models._names import base_prefix, ignored, model_names
 from treemod.models._plan import Computed, Recipe, Stacked, Tensor, plan, recipe_path
-from treemod.models._sharding import ShardingFunction, ShardingLike, sharding_function
+from treemod.models._sharding import (
+    ShardingFunction,
+    ShardingLike,
+    sharding_for,
+    sharding_function,
+)
 
 __all__ = ["from_pretrained", "load_into"]
 
@@ -353,7 +358,7 @@ def _materialise(
     if place is None:
         array: jax.Array = jax.device_put(_read(recipe, _full(shape), dtype, checkpoint, source_of))
         return array
-    where = place(recipe_path(recipe, "?"), shape, dtype)
+    where = sharding_for(place, recipe_path(recipe, "?"), shape, dtype)
     done: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
     def callback(index: tuple[slice, ...] | None) -> np.ndarray:
@@ -399,6 +404,6 @@ def _load_by_mapping(
     for path, leaf in paths_leaves:
         if isinstance(leaf, jax.Array):
             name = jtu.keystr(path, simple=True, separator=".")
-            leaf = jax.device_put(leaf, place(name, tuple(leaf.shape), leaf.dtype))
+            leaf = jax.device_put(leaf, sharding_for(place, name, tuple(leaf.shape), leaf.dtype))
         placed.append(leaf)
     return jtu.tree_unflatten(treedef, placed)

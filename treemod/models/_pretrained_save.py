@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from treemod._saving.safetensors_write import write_tensors
 from treemod._state_dict.layers import NATIVE_HOOKS
-from treemod._state_dict.walk import name_tensors
+from treemod._state_dict.walk import expected_tensors, name_tensors
+from treemod._transforms.eval_shape import filter_eval_shape
 from treemod.models._base import PretrainedModel
 from treemod.models._files import CONFIG, GENERATION, INDEX, SINGLE, directory_of
 from treemod.models._names import file_name
@@ -120,6 +121,7 @@ def save_pretrained(
         )
     limit = parse_size(max_shard_size)
     directory = directory_of(path)
+    _check_structure(model)
     named = name_tensors(model, NATIVE_HOOKS)
     for alias in model.tied_weights():
         named.pop(alias, None)
@@ -179,6 +181,34 @@ def save_pretrained(
             old.unlink()
     for temporary, final in written:
         os.replace(temporary, final)
+
+
+def _check_structure(model: PretrainedModel) -> None:
+    """Refuse a model whose tensors are not its class's (unmerged LoRA adapters, a replaced
+    layer): `transformers` could not load the files, nor could `from_pretrained`."""
+    cls = type(model)
+    abstract_key = jax.eval_shape(jax.random.key, 0)
+    own = filter_eval_shape(lambda k: cls.from_config(model.config, key=k), abstract_key)
+    want, have = (
+        set(expected_tensors(own, NATIVE_HOOKS)),
+        set(expected_tensors(model, NATIVE_HOOKS)),
+    )
+    if want == have:
+        return
+    extra, missing = sorted(have - want), sorted(want - have)
+    shown = ", ".join(extra[:4]) + (" ..." if len(extra) > 4 else "")
+    hint = ""
+    if any(".lora_" in n or ".base_layer." in n for n in extra):
+        hint = (
+            " It holds LoRA adapters: merge them into the weights first "
+            "(treemod.lora.merge(model), or unload(model) to drop them), or save the adapters "
+            "alone with treemod.lora.save_adapter."
+        )
+    raise ValueError(
+        f"save_pretrained: the {cls.__name__} holds tensors its transformers class does not "
+        f"have ({len(extra)}: {shown}) and lacks {len(missing)} it has, so neither "
+        f"transformers nor from_pretrained could load the files.{hint}"
+    )
 
 
 def _fsync(file: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["ShardingFunction", "ShardingLike", "sharding_function"]
+__all__ = ["ShardingFunction", "ShardingLike", "sharding_for", "sharding_function"]
 
 ShardingFunction = Callable[[str, tuple[int, ...], Any], jax.sharding.Sharding]
 Rules = Mapping[str, PartitionSpec] | Sequence[tuple[str, PartitionSpec]]
@@ -57,7 +57,7 @@ def sharding_function(sharding: ShardingLike) -> ShardingFunction:
                             f"from_pretrained(sharding=...): rule {pattern!r} gives {spec} to "
                             f"{path} of shape {shape}, which has only {len(shape)} axes."
                         )
-                    return NamedSharding(mesh, spec)
+                    return _divides(NamedSharding(mesh, spec), path, shape, f"rule {pattern!r}")
             return NamedSharding(mesh, PartitionSpec())
 
         return by_rules
@@ -67,3 +67,34 @@ def sharding_function(sharding: ShardingLike) -> ShardingFunction:
         f"from_pretrained(sharding=...) takes a function (path, shape, dtype) -> Sharding or a "
         f"pair (mesh, {{regex: PartitionSpec}}); got {type(sharding).__name__}."
     )
+
+
+def _divides(
+    sharding: jax.sharding.Sharding, path: str, shape: tuple[int, ...], source: str
+) -> jax.sharding.Sharding:
+    try:
+        sharding.shard_shape(shape)
+    except ValueError as e:  # jax's IndivisibleError, naming neither tensor nor rule
+        raise ValueError(
+            f"from_pretrained(sharding=...): {source} gives {path} of shape {shape} the "
+            f"sharding {sharding}, which does not divide it evenly ({e}). Change the rule or "
+            f"the mesh so that each sharded axis is a multiple of its mesh axes' size."
+        ) from None
+    return sharding
+
+
+def sharding_for(
+    place: ShardingFunction, path: str, shape: tuple[int, ...], dtype: Any
+) -> jax.sharding.Sharding:
+    """`place`'s sharding for a tensor, checked to divide its shape (the error names both).
+
+    Arguments:
+        place: the sharding function (`sharding_function`'s result).
+        path: the tensor's checkpoint name.
+        shape: its shape.
+        dtype: its dtype.
+
+    Returns:
+        The sharding.
+    """
+    return _divides(place(path, shape, dtype), path, shape, "the sharding function")
