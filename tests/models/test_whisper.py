@@ -24,6 +24,7 @@ import treemod as tm
 import treemod.lora as lora
 from treemod.models import from_pretrained, save_pretrained
 from treemod.models.whisper import (
+    WhisperForAudioClassification,
     WhisperForConditionalGeneration,
     WhisperModel,
     generate_seq2seq,
@@ -279,3 +280,30 @@ def test_log_mel_features_equal_the_feature_extractor() -> None:
     assert got.shape == (2, 80, 3000)
     with pytest.raises(ValueError, match="`hop_length` must be a positive int"):
         log_mel_features(short, hop_length=0)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_audio_classification_both_ways(weighted: bool, tmp_path: Path) -> None:
+    config = {
+        **BASE,
+        "num_labels": 3,
+        "classifier_proj_size": 6,
+        "use_weighted_layer_sum": weighted,
+    }
+    torch.manual_seed(0)
+    hf = T.WhisperForAudioClassification(T.WhisperConfig(**config))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias") or name == "layer_weights":
+                p.add_(0.1 * torch.randn_like(p))
+    hf.eval()
+    inputs = {"input_features": _inputs()["input_features"]}
+    want = _hf_out(hf, inputs)
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_pretrained(tmp_path / "hf")
+    assert type(model) is WhisperForAudioClassification
+    assert relative_error(run(model, inputs), want) <= RTOL
+    save_pretrained(model, tmp_path / "tm")
+    back, info = type(hf).from_pretrained(tmp_path / "tm", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert relative_error(_hf_out(back.eval(), inputs), want) <= RTOL

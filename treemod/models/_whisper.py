@@ -38,7 +38,13 @@ from treemod.models._whisper_layers import (
     build_encoder,
 )
 
-__all__ = ["WHISPER_VALUES", "WhisperForConditionalGeneration", "WhisperModel"]
+__all__ = [
+    "WHISPER_VALUES",
+    "WhisperForConditionalGeneration",
+    "WhisperModel",
+    "features",
+    "whisper_values",
+]
 
 WHISPER_VALUES: dict[str, Value] = {
     "vocab_size": Value(51865, "size"),
@@ -93,17 +99,34 @@ _ALIASES = {
 }
 
 
-def _values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config read as `WhisperConfig` reads it, checked."""
+def whisper_values(owner: str, config: Mapping[str, Any], decoder: bool = True) -> dict[str, Any]:
+    """The config read as `WhisperConfig` reads it, checked (the decoder's heads only for a
+    model with a decoder)."""
     v = read_config(owner, config, WHISPER_VALUES, _ALIASES)
     d = v["d_model"]
-    for name in ("encoder_attention_heads", "decoder_attention_heads"):
+    heads = ("encoder_attention_heads", "decoder_attention_heads")
+    for name in heads if decoder else heads[:1]:
         if d % v[name]:
             raise config_error(owner, name, v[name], f"a divisor of d_model={d}")
     if d % 2 or d < 4:
         raise config_error(owner, "d_model", d, "an even number >= 4 (sinusoidal positions)")
     hf_activation(owner, "activation_function", v["activation_function"])
     return v
+
+
+def features(owner: str, encoder: WhisperEncoder, input_features: Any) -> Array:
+    """`input_features` checked against the encoder's mel bins and frames, in its dtype."""
+    x = jnp.asarray(input_features)
+    frames = 2 * encoder.embed_positions.weight.shape[0]
+    mels = encoder.conv1.weight.shape[1]
+    if x.ndim != 3 or x.shape[1:] != (mels, frames):
+        raise ValueError(
+            f"{owner}: `input_features` must be log-mel features of shape "
+            f"(batch, num_mel_bins={mels}, {frames}) (2 * max_source_positions frames; "
+            f"pad shorter audio as WhisperFeatureExtractor does); got "
+            f"{x.dtype}{list(x.shape)}."
+        )
+    return x.astype(encoder.conv1.weight.dtype)
 
 
 class _WhisperBase(PretrainedModel):
@@ -115,18 +138,7 @@ class _WhisperBase(PretrainedModel):
 
     def _encode(self, input_features: Any, key: PRNGKeyArray | None) -> Array:
         encoder, _ = self._parts()
-        features = jnp.asarray(input_features)
-        frames = 2 * encoder.embed_positions.weight.shape[0]
-        mels = encoder.conv1.weight.shape[1]
-        if features.ndim != 3 or features.shape[1:] != (mels, frames):
-            raise ValueError(
-                f"{type(self).__name__}: `input_features` must be log-mel features of shape "
-                f"(batch, num_mel_bins={mels}, {frames}) (2 * max_source_positions frames; "
-                f"pad shorter audio as WhisperFeatureExtractor does); got "
-                f"{features.dtype}{list(features.shape)}."
-            )
-        dtype = encoder.conv1.weight.dtype
-        return encoder(features.astype(dtype), key=key)
+        return encoder(features(type(self).__name__, encoder, input_features), key=key)
 
     def _decode(
         self,
@@ -156,7 +168,7 @@ class _WhisperBase(PretrainedModel):
         cls, config: Mapping[str, Any] | PretrainedConfig, key: PRNGKeyArray, dtype: Any
     ) -> tuple[PretrainedConfig, dict[str, Any], WhisperEncoder, WhisperDecoder]:
         config = PretrainedConfig(config)
-        v = _values(cls.__name__, config)
+        v = whisper_values(cls.__name__, config)
         dtype = jnp.float32 if dtype is None else dtype
         k_enc, k_dec = jax.random.split(key)
         return config, v, build_encoder(v, dtype, key=k_enc), build_decoder(v, dtype, key=k_dec)
@@ -349,7 +361,7 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
         return self.logits(hidden)
 
     def _shift_right(self, owner: str, labels: Array) -> Array:
-        v = _values(owner, self.config)
+        v = whisper_values(owner, self.config)
         start, pad = v["decoder_start_token_id"], v["pad_token_id"]
         if start is None or pad is None:
             name = "decoder_start_token_id" if start is None else "pad_token_id"
@@ -400,7 +412,7 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
 
     def decoder_start_token_id(self) -> int | None:
         """The config's `decoder_start_token_id` (50257 by default), else `bos_token_id`."""
-        v = _values(type(self).__name__, self.config)
+        v = whisper_values(type(self).__name__, self.config)
         start = v["decoder_start_token_id"]
         start = v["bos_token_id"] if start is None else start
         return None if start is None else int(start)

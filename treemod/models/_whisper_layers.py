@@ -177,6 +177,11 @@ class WhisperEncoder(Module):
             features: log-mel features `(batch, num_mel_bins, 2 * max_source_positions)`.
             key: dropout key (training mode only).
         """
+        return self.hidden_states(features, key=key)[-1]
+
+    def hidden_states(self, features: Array, *, key: PRNGKeyArray | None = None) -> list[Array]:
+        """The embedded frames, each layer's output but the last, and the normalised last
+        hidden states: `transformers`' `hidden_states` (`encoder_layers + 1` arrays)."""
         _training_refusal("WhisperEncoder", self.dropout, self.layerdrop, "encoder_layerdrop")
         if self.spec_augment and not self.dropout.inference:
             raise ValueError(
@@ -187,10 +192,11 @@ class WhisperEncoder(Module):
         h = gelu(self.conv2(gelu(self.conv1(features))))
         h = jnp.swapaxes(h, 1, 2) + self.embed_positions.weight.astype(h.dtype)[None]
         keys = split_key(key, len(self.layers) + 1)
-        h = self.dropout(h, key=keys[0])
+        states = [self.dropout(h, key=keys[0])]
         for layer, k in zip(self.layers, keys[1:], strict=True):
-            h = layer(h, k)
-        return self.layer_norm(h)
+            states.append(layer(states[-1], k))
+        states[-1] = self.layer_norm(states[-1])
+        return states
 
 
 class WhisperDecoder(Module):

@@ -1,4 +1,4 @@
-# exports: WhisperModel, WhisperForConditionalGeneration
+# exports: WhisperModel, WhisperForConditionalGeneration, WhisperForAudioClassification
 """Whisper: `WhisperModel`, `WhisperForConditionalGeneration` and their layers (implemented in
 `_whisper.py` and `_whisper_layers.py`); `generate_seq2seq` decodes with
 `WhisperForConditionalGeneration`; `log_mel_features` computes its input features from audio.
@@ -14,6 +14,7 @@ from treemod.models._whisper import (
     WhisperModel,
 )
 from treemod.models._whisper_features import log_mel_features, mel_filters
+from treemod.models._whisper_heads import WhisperForAudioClassification
 from treemod.models._whisper_layers import (
     WhisperAttention,
     WhisperDecoder,
@@ -29,6 +30,7 @@ __all__ = [
     "WhisperDecoderLayer",
     "WhisperEncoder",
     "WhisperEncoderLayer",
+    "WhisperForAudioClassification",
     "WhisperForConditionalGeneration",
     "WhisperModel",
     "generate_seq2seq",
