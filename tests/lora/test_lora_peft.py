@@ -237,3 +237,31 @@ def test_loading_another_rank_names_only_the_adapter_tensors(tmp_path: Any) -> N
         "the model's adapter needs [2, 32]"
     ) in message
     assert "missing" not in message and "base_layer" not in message and "embed" not in message
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_auto_peft_model_loads_the_adapter_with_its_task_type(family: str, tmp_path: Any) -> None:
+    hf, model = pair(family)
+    hf.save_pretrained(tmp_path / "base")
+    targets = ["q_proj", "v_proj"] if family == "llama" else ["c_attn"]
+    tuned = randomise_b(lora.add_lora(model, targets, r=4, alpha=8, key=jax.random.key(3)))
+    lora.save_adapter(tuned, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM"
+    reference = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter")).eval()
+    assert isinstance(reference, peft.PeftModelForCausalLM)
+    assert relative_error(tuned(input_ids=IDS), hf_logits(reference, IDS)) <= RTOL
+
+
+def test_an_adapter_with_dropout_loads_in_inference_mode_as_peft(tmp_path: Any) -> None:
+    hf, model = pair("llama")
+    reference = peft_model(hf, ["q_proj", "v_proj"], 4, 8, lora_dropout=0.05)
+    randomise_peft_b(reference)
+    reference.save_pretrained(tmp_path)
+    tuned = lora.load_adapter(model, tmp_path)  # called without a key: dropout is off
+    assert relative_error(tuned(input_ids=IDS), hf_logits(reference, IDS)) <= RTOL
+    trainable = lora.load_adapter(model, tmp_path, is_trainable=True)
+    layer = trainable.model.layers.layers.self_attn.q_proj
+    assert layer.lora_dropout.p == 0.05 and not layer.lora_dropout.inference
+    with pytest.raises(ValueError, match="lora_dropout=0.05 needs a key in training mode"):
+        trainable(input_ids=IDS)

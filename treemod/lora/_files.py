@@ -8,7 +8,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -76,8 +76,20 @@ def _one(values: set[Any], what: str) -> Any:
     return values.pop()
 
 
+@runtime_checkable
+class TaskTyped(Protocol):
+    """A model that names PEFT's `task_type` for its adapters (every `treemod.models` class)."""
+
+    @classmethod
+    def peft_task_type(cls) -> str: ...
+
+
 def save_adapter(
-    model: Any, path: str | os.PathLike[str], *, base_model_name_or_path: str | None = None
+    model: Any,
+    path: str | os.PathLike[str],
+    *,
+    base_model_name_or_path: str | None = None,
+    task_type: str | None = None,
 ) -> None:
     """Write the model's adapters as PEFT does (`PeftModel.save_pretrained`): a directory with
     `adapter_config.json` and `adapter_model.safetensors`, tensors named
@@ -91,6 +103,8 @@ def save_adapter(
         model: a model with LoRA layers (`add_lora`), not merged.
         path: the directory (created if needed).
         base_model_name_or_path: recorded in the config, as PEFT does.
+        task_type: PEFT's `task_type` (`"CAUSAL_LM"`, `"SEQ_CLS"`, ...); default: the zoo
+            model's (`PretrainedModel.peft_task_type`), else none.
 
     Example:
         >>> import jax, tempfile, os, treemod.nn as nn, treemod.lora as lora
@@ -118,7 +132,8 @@ def save_adapter(
     fan = {isinstance(m, LoRALinear) and m.fan_in_fan_out for m in layers.values()}
     config = {
         "peft_type": "LORA",
-        "task_type": None,
+        "task_type": task_type
+        or (model.peft_task_type() if isinstance(model, TaskTyped) else None),
         "base_model_name_or_path": base_model_name_or_path,
         "inference_mode": True,
         "r": _one({m.r for m in layers.values()}, "r"),
@@ -291,7 +306,18 @@ def _take_config(model: Any, config: dict[str, Any], file: Path) -> Any:
     return rewrite_named(model, visit)
 
 
-def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
+def _set_mode(model: Any, inference: bool) -> Any:
+    def visit(node: Any, name: str) -> Any:
+        if not is_lora_layer(node):
+            return None
+        return dataclasses.replace(
+            node, lora_dropout=dataclasses.replace(node.lora_dropout, inference=inference)
+        )
+
+    return rewrite_named(model, visit)
+
+
+def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool = False) -> Any:
     """Read a PEFT adapter directory (written by `peft`'s `save_pretrained` or by
     `save_adapter`) into a model.
 
@@ -304,9 +330,13 @@ def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
     place and every adapter its tensor. Each problem is one `treemod.CheckpointError` naming
     the file and the key or tensor.
 
+    As PEFT's `PeftModel.from_pretrained`, the adapters come in inference mode (their dropout
+    off), so the model runs without a key; `is_trainable=True` gives them in training mode.
+
     Arguments:
         model: the base model (or one with adapters of the same rank and modules).
         path: the directory.
+        is_trainable: the adapters' dropout on (training) rather than off (inference).
 
     Returns:
         The model with the file's adapters.
@@ -377,6 +407,7 @@ def load_adapter(model: Any, path: str | os.PathLike[str]) -> Any:
             + ". Load it into the model without adapters (treemod.lora.unload) to take the "
             "file's rank."
         )
+    model = _set_mode(model, inference=not is_trainable)
     tensors = _load_arrays(weights, {PREFIX + n for n in found})
     loaded, report = load_state_dict(
         model, {k[len(PREFIX) :]: v for k, v in tensors.items()}, strict=False

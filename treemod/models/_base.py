@@ -243,6 +243,24 @@ class PretrainedModel(Module):
             `CheckpointError`, naming the value.
         """
 
+    @classmethod
+    def peft_task_type(cls) -> str:
+        """PEFT's `task_type` for adapters of this class (`save_adapter` writes it, so that
+        `peft`'s `AutoPeftModelFor...` classes load them), from `transformers`' naming of the
+        class: `...ForCausalLM`/`...LMHeadModel` `"CAUSAL_LM"`, `...ForConditionalGeneration`
+        `"SEQ_2_SEQ_LM"`, `...ForSequenceClassification` `"SEQ_CLS"`,
+        `...ForTokenClassification` `"TOKEN_CLS"`, `...ForQuestionAnswering` `"QUESTION_ANS"`,
+        a base model `"FEATURE_EXTRACTION"`. A class named otherwise overrides it.
+
+        Returns:
+            The task type.
+        """
+        name = cls.architecture
+        for suffix, task in _TASK_TYPES:
+            if name.endswith(suffix):
+                return task
+        return "FEATURE_EXTRACTION"
+
     def tied_weights(self) -> dict[str, str]:
         """Names that share another name's array: `{alias: source}` (PyTorch names).
 
@@ -261,6 +279,14 @@ class PretrainedModel(Module):
         """Run the model on Hugging Face's inputs given by name (`input_ids=...`, ...)."""
 
 
+_TASK_TYPES = (
+    ("ForCausalLM", "CAUSAL_LM"),
+    ("LMHeadModel", "CAUSAL_LM"),
+    ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
+    ("ForSequenceClassification", "SEQ_CLS"),
+    ("ForTokenClassification", "TOKEN_CLS"),
+    ("ForQuestionAnswering", "QUESTION_ANS"),
+)
 _M = TypeVar("_M", bound=type[PretrainedModel])
 _REGISTRY: dict[str, type[PretrainedModel]] = {}
 
