@@ -160,7 +160,7 @@ def _config(draw: Any) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_config_values_match_transformers(data: Any) -> None:
     config = _config(data.draw)

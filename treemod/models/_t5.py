@@ -413,7 +413,8 @@ class T5EncoderModel(_T5Base):
     """
 
     architecture: ClassVar[str] = "T5EncoderModel"
-    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (r"decoder",)
+    # transformers skips every name holding "decoder" (the whole decoder of a full T5 file).
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (r"decoder\..*",)
 
     @classmethod
     def from_config(

@@ -179,7 +179,6 @@ class T5ForTokenClassification(PretrainedModel):
     architecture: ClassVar[str] = "T5ForTokenClassification"
     model_type: ClassVar[str] = "t5"
     base_model_prefix: ClassVar[str] = "transformer"
-    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (r"decoder",)
 
     transformer: T5EncoderModel
     dropout: nn.Dropout
