@@ -27,6 +27,7 @@ from treemod.models import (
 )
 from treemod.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM
 from treemod.models.llama_variants import Qwen3ForCausalLM
+from treemod.models.phi3 import Phi3ForCausalLM
 
 # A wide initialisation spreads the logits, so greedy choices are far from ties.
 _LLAMA = {
@@ -109,6 +110,24 @@ CASES: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {
             "sliding_window_pattern": 2,
             "rope_local_base_freq": 100.0,
             "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+    ),
+    # Fused projections, a partial longrope (prompts and new tokens within the short factors).
+    "phi3": (
+        transformers.Phi3ForCausalLM,
+        transformers.Phi3Config,
+        Phi3ForCausalLM,
+        {
+            **_LLAMA,
+            "pad_token_id": 0,
+            "partial_rotary_factor": 0.5,
+            "max_position_embeddings": 128,
+            "original_max_position_embeddings": 64,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.5],
+                "long_factor": [2.0, 5.0],
+            },
         },
     ),
     "llama-rope-llama3": (
