@@ -13,10 +13,16 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
+import jax
+import jax.numpy as jnp
 from jax import Array
 
+import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._module.state import is_param
 from treemod._saving.errors import CheckpointError
+from treemod._tree.filters import combine, partition
+from treemod._tree.filters import filter as filter_tree
 
 if TYPE_CHECKING:
     from jax.typing import DTypeLike
@@ -85,8 +91,8 @@ class PretrainedConfig(Mapping[str, Any]):
     Example:
         >>> from treemod.models import PretrainedConfig
         >>> c = PretrainedConfig({"n_embd": 32, "rope_scaling": {"rope_type": "linear"}})
-        >>> c["n_embd"], c.get("n_layer", 12), "n_embd" in c
-        (32, 12, True)
+        >>> c["n_embd"], c.n_embd, c.get("n_layer", 12), "n_embd" in c
+        (32, 32, 12, True)
         >>> c["rope_scaling"]["rope_type"]
         'linear'
         >>> c == PretrainedConfig({"rope_scaling": {"rope_type": "linear"}, "n_embd": 32})
@@ -146,6 +152,18 @@ class PretrainedConfig(Mapping[str, Any]):
     def get(self, name: str, default: Any = None) -> Any:
         """The value of `name`, or `default` when the config does not hold it."""
         return self._values.get(name, default)
+
+    def __getattr__(self, name: str) -> Any:
+        # `config.vocab_size`, as `transformers`' config objects read (keys only; methods and
+        # slots are found before this is called).
+        if not name.startswith("_"):
+            values = object.__getattribute__(self, "_values")
+            if name in values:
+                return values[name]
+        raise AttributeError(
+            f"PretrainedConfig has no key {name!r} (read keys with config.get({name!r}, "
+            "default) or config[...])."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (plain dicts and lists), as read."""
@@ -242,6 +260,63 @@ class PretrainedModel(Module):
             The model. Config values the model does not implement raise `config_error`'s
             `CheckpointError`, naming the value.
         """
+
+    @property
+    def dtype(self) -> Any:
+        """The floating dtype most of the parameters' bytes are in (`transformers`'
+        `model.dtype`); float32 for a model without floating parameters."""
+        sizes: dict[Any, int] = {}
+        for leaf in jax.tree.leaves(self):
+            if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating):
+                sizes[leaf.dtype] = sizes.get(leaf.dtype, 0) + leaf.size * leaf.dtype.itemsize
+        return max(sizes, key=sizes.__getitem__) if sizes else jnp.dtype(jnp.float32)
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        """How many parameters the model holds, as `transformers`' `num_parameters()`: each
+        array once (a tied head is the embedding), `State` (running statistics) left out.
+
+        Arguments:
+            exclude_embeddings: leave the `nn.Embedding` layers' weights out.
+
+        Returns:
+            The number of parameter elements.
+
+        Example:
+            >>> import jax
+            >>> from treemod.models import GPT2LMHeadModel
+            >>> config = {"n_embd": 8, "n_layer": 1, "n_head": 2, "vocab_size": 10,
+            ...           "n_positions": 4}
+            >>> model = GPT2LMHeadModel.from_config(config, key=jax.random.key(0))
+            >>> model.num_parameters(), model.num_parameters(exclude_embeddings=True), model.dtype
+            (1000, 888, dtype('float32'))
+        """
+        params = filter_tree(self, is_param)
+        total = sum(x.size for x in jax.tree.leaves(params))
+        if exclude_embeddings:
+            embeddings = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.Embedding))
+            total -= sum(e.weight.size for e in embeddings if isinstance(e, nn.Embedding))
+        return int(total)
+
+    def astype(self, dtype: DTypeLike) -> Self:
+        """The model with every floating parameter cast to `dtype` (`transformers`'
+        `model.to(dtype)`); integer arrays and `State` keep theirs.
+
+        Arguments:
+            dtype: a floating dtype (`jnp.bfloat16`, `"float16"`, ...).
+
+        Returns:
+            A new model.
+        """
+        target = jnp.dtype(dtype)
+        if not jnp.issubdtype(target, jnp.floating):
+            raise TypeError(
+                f"{type(self).__name__}.astype: {target} is not a floating dtype; a model's "
+                "floating parameters are cast, its integer arrays keep their dtype."
+            )
+        params, rest = partition(self, is_param)
+        cast = jax.tree.map(lambda x: x.astype(target), params)
+        model: Self = combine(cast, rest)
+        return model
 
     @classmethod
     def peft_task_type(cls) -> str:
