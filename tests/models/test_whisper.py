@@ -250,6 +250,15 @@ def test_generate_equals_transformers_greedy_from_a_prompt() -> None:
         eos_token_id=eos, pad_token_id=0,
     )  # fmt: skip
     np.testing.assert_array_equal(np.asarray(got), want)
+    # Suppressed tokens, and tokens suppressed first, as transformers' processors.
+    suppress, begin = [int(plain[0, 4])], [int(plain[1, 3]), int(plain[2, 3])]
+    want = hf_generate(eos_token_id=None, suppress_tokens=suppress, begin_suppress_tokens=begin)
+    got = generate_seq2seq(
+        model, input_features=features, decoder_input_ids=prompt, max_new_tokens=12,
+        suppress_tokens=suppress, begin_suppress_tokens=begin,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert not np.array_equal(want, plain)
     # Without a prompt: the config's decoder_start_token_id.
     alone = generate_seq2seq(model, input_features=features, max_new_tokens=2)
     assert alone.shape == (3, 3) and (np.asarray(alone)[:, 0] == 1).all()

@@ -10,11 +10,13 @@ settings are checked as `generate`'s.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array, lax
 from jaxtyping import PRNGKeyArray
 
@@ -23,7 +25,8 @@ from treemod._transforms.jit import filter_jit
 from treemod.models._attention_parts import token_inputs
 from treemod.models._causal_lm import KVCache
 from treemod.models._generate import _Settings, _settings
-from treemod.models._sampling import choose
+from treemod.models._generation_config import GenerationSettings
+from treemod.models._sampling import choose, process
 from treemod.models._seq2seq_parts import Seq2SeqLM
 
 __all__ = ["generate_seq2seq"]
@@ -43,6 +46,8 @@ def generate_seq2seq(
     top_p: float | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    suppress_tokens: Sequence[int] | None = None,
+    begin_suppress_tokens: Sequence[int] | None = None,
     key: PRNGKeyArray | None = None,
 ) -> Array:
     """Decode up to `max_new_tokens` tokens for each input, as `transformers`' `generate`.
@@ -60,7 +65,10 @@ def generate_seq2seq(
     `temperature`, `top_k`, `top_p` as `transformers`' warpers (no top-k unless asked), then
     draws with `key`. A row that produces an `eos_token_id` is finished: its later tokens are
     `pad_token_id` (default: the first end-of-sequence id), and generation stops early once
-    every row is finished, returning a shorter array.
+    every row is finished, returning a shorter array. `suppress_tokens` are never chosen and
+    `begin_suppress_tokens` not as the first new token (`transformers`' `SuppressTokens*`
+    processors; Whisper's checkpoints list them in `generation_config.json`). The config's
+    and generation config's values are not read: the call gives them.
 
     Arguments:
         model: the encoder-decoder model.
@@ -75,6 +83,8 @@ def generate_seq2seq(
         top_p: with sampling, keep the most likely tokens up to probability `top_p` (0 to 1].
         eos_token_id: the end-of-sequence token id, or several.
         pad_token_id: the id written after a row's end of sequence.
+        suppress_tokens: token ids never generated.
+        begin_suppress_tokens: token ids not generated first.
         key: the PRNG key for sampling.
 
     Returns:
@@ -114,6 +124,11 @@ def generate_seq2seq(
     )
     if do_sample and key is None:
         raise ValueError(f"{owner}: sampling (do_sample=True) needs `key=` (a PRNG key).")
+    suppress = _token_list(owner, "suppress_tokens", suppress_tokens)
+    begin = _token_list(owner, "begin_suppress_tokens", begin_suppress_tokens)
+    processing = dataclasses.replace(
+        _PLAIN, eos=settings.eos, pad=settings.pad, suppress=suppress, begin_suppress=begin
+    )
     prompt = _prompt(owner, model, decoder_input_ids, batch)
     limit = model.max_positions()
     if limit is not None and prompt.shape[1] + max_new_tokens > limit[1]:
@@ -122,8 +137,37 @@ def generate_seq2seq(
             f"{max_new_tokens} exceeds the config's {limit[0]}={limit[1]} (the decoder has no "
             "positions beyond it); shorten the prompt or max_new_tokens."
         )
-    tokens, steps = _run(model, inputs, prompt, key, settings)
+    tokens, steps = _run(model, inputs, prompt, key, settings, processing)
     return tokens[:, : prompt.shape[1] + int(steps)]
+
+
+# The processors generate_seq2seq applies: suppressed tokens only (set per call).
+_PLAIN = GenerationSettings(
+    max_new_tokens=1,
+    min_new_tokens=0,
+    do_sample=False,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    repetition_penalty=1.0,
+    num_return_sequences=1,
+    eos=(),
+    pad=0,
+    suppress=(),
+    begin_suppress=(),
+)
+
+
+def _token_list(owner: str, name: str, ids: Any) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    values = tuple(ids) if isinstance(ids, Sequence) else None
+    if values is None or not all(
+        isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0 for i in values
+    ):
+        raise ValueError(f"{owner}: `{name}` must be a list of token ids (ints >= 0); got {ids!r}.")
+    return tuple(int(i) for i in values)
 
 
 def _prompt(owner: str, model: Seq2SeqLM, decoder_input_ids: Any, batch: int) -> Array:
@@ -155,6 +199,7 @@ def _run(
     prompt: Array,
     key: PRNGKeyArray | None,
     s: _Settings,
+    processing: GenerationSettings,
 ) -> tuple[Array, Array]:
     """Encode, prefill the decoder prompt, then the decoding loop; tokens and steps taken."""
     model = nn.inference_mode(model)  # at trace time: decoding drops nothing
@@ -176,7 +221,7 @@ def _run(
         if s.do_sample:
             key, sub = jax.random.split(key)
         token = choose(
-            logits,
+            process(logits, processing, None, step),
             do_sample=s.do_sample,
             temperature=s.temperature,
             top_k=s.top_k,
