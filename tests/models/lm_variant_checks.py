@@ -22,6 +22,22 @@ from treemod import lora
 from treemod.models import from_pretrained, save_pretrained
 
 
+def pair_through_files(
+    hf_cls: Any, config_cls: Any, config: dict[str, Any], directory: Path, attn: str = "eager"
+) -> tuple[Any, Any]:
+    """`(hf_model, tm_model)`: `lm_reference.pair`'s random model, moved to treemod through
+    `save_pretrained` and `from_pretrained` (for layouts whose files differ from the modules,
+    as Mixtral's per-expert tensors)."""
+    torch.manual_seed(0)
+    hf = hf_cls(config_cls.from_dict({**config, "attn_implementation": attn})).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    hf.save_pretrained(directory)
+    return hf, from_pretrained(directory)
+
+
 def check_padded_batch(hf: Any, model: Any, vocab: int, seq: int = 7) -> None:
     """Left-padded batch: treemod's outputs equal `transformers`' on every position."""
     ids, mask = padded_batch(vocab, seq=seq)
@@ -84,4 +100,11 @@ def refused(cls: Any, config: dict[str, Any], key: str) -> None:
     assert "not supported" in message
 
 
-__all__ = ["PEFT_WARNING", "check_directories", "check_lora", "check_padded_batch", "refused"]
+__all__ = [
+    "PEFT_WARNING",
+    "pair_through_files",
+    "check_directories",
+    "check_lora",
+    "check_padded_batch",
+    "refused",
+]

@@ -16,6 +16,7 @@ import pytest
 import torch
 import transformers
 from lm_reference import pair
+from lm_variant_checks import pair_through_files
 
 import treemod.models._generate as generation
 from treemod.models import (
@@ -27,6 +28,7 @@ from treemod.models import (
 )
 from treemod.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaForCausalLM
 from treemod.models.llama_variants import Qwen3ForCausalLM
+from treemod.models.mixtral import MixtralForCausalLM
 from treemod.models.phi3 import Phi3ForCausalLM
 
 # A wide initialisation spreads the logits, so greedy choices are far from ties.
@@ -130,6 +132,13 @@ CASES: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {
             },
         },
     ),
+    # Two of four experts per token; its files' per-expert layout (moved through files).
+    "mixtral": (
+        transformers.MixtralForCausalLM,
+        transformers.MixtralConfig,
+        MixtralForCausalLM,
+        {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
     "llama-rope-llama3": (
         transformers.LlamaForCausalLM,
         transformers.LlamaConfig,
@@ -188,10 +197,13 @@ def _never_generated(tokens: np.ndarray) -> int:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_greedy_equals_transformers_with_padding_and_eos(name: str) -> None:
+def test_greedy_equals_transformers_with_padding_and_eos(name: str, tmp_path: Any) -> None:
     hf_cls, config_cls, tm_cls, config = CASES[name]
     attn = "eager" if name == "gemma2" else "sdpa"  # transformers' Gemma 2 has no SDPA
-    hf, model = pair(hf_cls, config_cls, tm_cls, config, attn)
+    if name == "mixtral":
+        hf, model = pair_through_files(hf_cls, config_cls, config, tmp_path, attn)
+    else:
+        hf, model = pair(hf_cls, config_cls, tm_cls, config, attn)
     ids, mask = prompts((2, 5, 7))
     new = 10
     plain = hf_generate(hf, ids, mask, max_new_tokens=new, eos_token_id=None, pad_token_id=0)

@@ -82,7 +82,7 @@ old Llama checkpoints hold each layer's `self_attn.rotary_emb.inv_freq` buffer."
 
 def _values(cls: type[LlamaModel], owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The config read with `cls.config_values`, checked, completed by `cls.variant_rules`."""
-    v = read_config(owner, config, cls.config_values)
+    v = read_config(owner, config, cls.config_values, cls.config_aliases)
     heads = v["num_attention_heads"]
     if v["num_key_value_heads"] is None:
         v["num_key_value_heads"] = heads
@@ -130,6 +130,8 @@ class LlamaModel(PretrainedModel):
     keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = IGNORED_KEYS
     # The values the config class reads, with its defaults (a variant declares its own).
     config_values: ClassVar[Mapping[str, Value]] = LLAMA_VALUES
+    # The config class's `attribute_map` (Mixtral's `num_experts`).
+    config_aliases: ClassVar[Mapping[str, str]] = {}
     # The config key naming the MLP's activation (Gemma 2's is `hidden_activation`).
     activation_key: ClassVar[str] = "hidden_act"
     # How the layers' norms, attention and MLP are built (a variant's own parts).
