@@ -12,9 +12,11 @@ from treemod.models._base import (
     register_architecture,
     registered_architectures,
 )
-from treemod.models._generate import generate
+from treemod.models._generate import GenerateOutput, generate
+from treemod.models._generate_text import generate_text
 from treemod.models._pretrained_load import from_pretrained
 from treemod.models._pretrained_save import save_pretrained
+from treemod.models._tokenizer import Tokenizer
 
 # The zoo (importing each module registers its architectures).
 from treemod.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
@@ -47,6 +49,9 @@ __all__ = [
     "from_pretrained",
     "save_pretrained",
     "generate",
+    "generate_text",
+    "GenerateOutput",
+    "Tokenizer",
     # Building blocks of the zoo.
     "PretrainedConfig",
     "PretrainedModel",
