@@ -228,14 +228,26 @@ def test_refused_config_values_name_class_and_key(cls: Any, key: str, value: Any
     assert cls.__name__ in message and key in message
 
 
-def test_other_image_sizes_are_refused_by_name() -> None:
-    model = Dinov2ForImageClassification.from_config(TINY, key=jax.random.key(0))
-    with pytest.raises(NotImplementedError, match="bicubic"):
-        model(pixel_values=np.zeros((1, 3, 48, 48), np.float32))
-    with pytest.raises(NotImplementedError, match="bicubic"):
-        model(pixel_values=np.zeros((1, 3, 16, 64), np.float32))
-    # A size that gives the config's patch grid needs no resizing (as in transformers).
-    assert model(pixel_values=np.zeros((1, 3, 35, 35), np.float32)).shape == (1, 5)
+@pytest.mark.parametrize("size", [(48, 48), (16, 64), (40, 24), (35, 35)])
+def test_other_image_sizes_resize_positions_as_transformers(size: tuple[int, int]) -> None:
+    """Other sizes (and same-count non-square grids) resize the position embeddings with
+    PyTorch's bicubic kernel in transformers; treemod's resize gives the same outputs."""
+    hf = _hf("Dinov2ForImageClassification", TINY)
+    model = _ours("Dinov2ForImageClassification", hf)
+    pixels = np.random.default_rng(8).standard_normal((2, 3, *size)).astype(np.float32)
+    inputs = {"pixel_values": pixels}
+    assert _relative_error(_run(model, inputs), _reference(hf, inputs)) < 1e-5
+
+
+def test_bicubic_weights_equal_torch_interpolate() -> None:
+    from treemod.models._vit_interpolate import resize_grid
+
+    table = np.random.default_rng(9).standard_normal((25, 3)).astype(np.float32)
+    for size in [(3, 7), (5, 5), (2, 9), (12, 4), (1, 1)]:
+        grid = torch.from_numpy(table.reshape(1, 5, 5, 3)).permute(0, 3, 1, 2)
+        want = torch.nn.functional.interpolate(grid, size=size, mode="bicubic")
+        want = want.permute(0, 2, 3, 1).reshape(-1, 3)
+        assert _relative_error(resize_grid(jnp.asarray(table), size), want) < 1e-6
 
 
 def test_builds_in_bfloat16() -> None:

@@ -23,7 +23,7 @@ from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
-from treemod._module.module import Module, field
+from treemod._module.module import Module
 
 from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
@@ -31,6 +31,7 @@ from ._bert_layers import attention_bias
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import hf_activation
 from ._vit import ViTAttention, ViTMLP, ViTPatchEmbeddings, _pair
+from ._vit_interpolate import resize_grid
 
 __all__ = ["Dinov2Model", "Dinov2ForImageClassification"]
 
@@ -137,8 +138,32 @@ class Dinov2Embeddings(Module):
     position_embeddings: Array
     dropout: nn.Dropout
 
+    def positions(self, owner: str, height: int, width: int) -> Array:
+        """The position embeddings `(1, 1 + patches, hidden)` for an image of `height x width`:
+        the table itself at its own square grid, else its patch part resized as `transformers`
+        resizes it (PyTorch's bicubic kernel, in float32)."""
+        table = self.position_embeddings
+        ph, pw = self.patch_embeddings.projection.kernel_size
+        grid, n = (height // ph, width // pw), table.shape[1] - 1
+        if grid[0] * grid[1] == n and height == width:
+            return table
+        side = int(n**0.5)
+        if side * side != n:
+            raise ValueError(
+                f"{owner}: pixel_values of {height}x{width} need the {n} position embeddings "
+                "resized, which transformers does from a square grid; the config's patch grid "
+                "is not square."
+            )
+        resized = resize_grid(table[0, 1:], grid)[None]
+        return jnp.concatenate([table[:, :1], resized], axis=1)
+
     def __call__(
-        self, pixel_values: Array, bool_masked_pos: Array | None, *, key: PRNGKeyArray | None
+        self,
+        pixel_values: Array,
+        bool_masked_pos: Array | None,
+        positions: Array,
+        *,
+        key: PRNGKeyArray | None,
     ) -> Array:
         """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`."""
         x = self.patch_embeddings(pixel_values)
@@ -147,7 +172,7 @@ class Dinov2Embeddings(Module):
             mask = bool_masked_pos.astype(x.dtype)[..., None]
             x = x * (1 - mask) + self.mask_token.astype(x.dtype)[None] * mask
         cls = jnp.broadcast_to(self.cls_token.astype(x.dtype), (x.shape[0], 1, x.shape[2]))
-        x = jnp.concatenate([cls, x], axis=1) + self.position_embeddings.astype(x.dtype)
+        x = jnp.concatenate([cls, x], axis=1) + positions.astype(x.dtype)
         return self.dropout(x, key=key)
 
 
@@ -234,10 +259,10 @@ DINOV2_SAVE_RENAMES: tuple[tuple[str, str], ...] = (
 class Dinov2Model(PretrainedModel):
     """DINOv2's encoder (`transformers.Dinov2Model`): returns `last_hidden_state`.
 
-    Call it with `pixel_values` `(batch, num_channels, size, size)` whose patch grid is the
-    config's `image_size`'s (other sizes are refused: `transformers` resizes the position
-    embeddings with PyTorch's bicubic kernel, which treemod does not reproduce). `pooler_output`
-    gives `transformers`' `pooler_output` (the normalised CLS token).
+    Call it with `pixel_values` `(batch, num_channels, height, width)` of any size: other grids
+    than the config's `image_size`'s resize the position embeddings as `transformers` does
+    (PyTorch's bicubic kernel). `pooler_output` gives `transformers`' `pooler_output` (the
+    normalised CLS token).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -260,7 +285,6 @@ class Dinov2Model(PretrainedModel):
     embeddings: Dinov2Embeddings
     encoder: Dinov2Encoder
     layernorm: nn.LayerNorm
-    grid: tuple[int, int] = field(static=True, default=(16, 16))
 
     @classmethod
     def from_config(
@@ -278,7 +302,7 @@ class Dinov2Model(PretrainedModel):
         """
         config = PretrainedConfig(config)
         c = _read(cls.__name__, config)
-        return cls(config=config, grid=c["grid"], **_build(c, key, dtype))
+        return cls(config=config, **_build(c, key, dtype))
 
     def __call__(
         self,
@@ -309,24 +333,22 @@ class Dinov2Model(PretrainedModel):
                 f"{name}: pixel_values has shape {x.shape}; expected (batch, "
                 f"{projection.in_channels}, height, width)."
             )
-        if x.shape[2] != x.shape[3] or (x.shape[2] // ph, x.shape[3] // pw) != self.grid:
-            raise NotImplementedError(
-                f"{name}: pixel_values of {x.shape[2]}x{x.shape[3]} need the position embeddings "
-                "resized, which transformers does with PyTorch's bicubic kernel (treemod does "
-                f"not reproduce it); give square images of a {self.grid} patch grid."
-            )
+        if x.shape[2] < ph or x.shape[3] < pw:
+            raise ValueError(f"{name}: pixel_values {x.shape} are smaller than one patch.")
+        positions = self.embeddings.positions(name, x.shape[2], x.shape[3])
+        patches = (x.shape[2] // ph) * (x.shape[3] // pw)
         masked = None
         if bool_masked_pos is not None:
             if self.embeddings.mask_token is None:
                 raise ValueError(f"{name}: bool_masked_pos needs a config with use_mask_token.")
             masked = jnp.asarray(bool_masked_pos)
-            if masked.shape != (x.shape[0], self.grid[0] * self.grid[1]):
+            if masked.shape != (x.shape[0], patches):
                 raise ValueError(
                     f"{name}: bool_masked_pos has shape {masked.shape}; expected (batch, "
-                    f"patches) = {(x.shape[0], self.grid[0] * self.grid[1])}."
+                    f"patches) = {(x.shape[0], patches)}."
                 )
         k_emb, k_layers = split_key(key, 2)
-        x = self.embeddings(x, masked, key=k_emb)
+        x = self.embeddings(x, masked, positions, key=k_emb)
         bias = attention_bias(attention_mask, (x.shape[0], x.shape[1]), x.dtype)
         return self.layernorm(self.encoder(x, bias, key=k_layers))
 
@@ -378,7 +400,7 @@ class Dinov2ForImageClassification(PretrainedModel):
         labels = num_labels(cls.__name__, config)
         k_model, k_cls = jax.random.split(key)
         c = _read(cls.__name__, config)
-        dinov2 = Dinov2Model(config=config, grid=c["grid"], **_build(c, k_model, dtype))
+        dinov2 = Dinov2Model(config=config, **_build(c, k_model, dtype))
         classifier: nn.Linear | nn.Identity = nn.Identity()
         if labels > 0:
             classifier = nn.Linear(2 * c["hidden_size"], labels, dtype=dtype, key=k_cls)
