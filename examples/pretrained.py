@@ -6,7 +6,8 @@ the script
 
 1. loads it with `treemod.models.from_pretrained` (the class from the config's
    `architectures`), timing the load;
-2. runs the model under `filter_jit` on a few token ids and greedily extends them;
+2. runs the model under `filter_jit` on a few token ids and, for a causal LM, continues them
+   greedily with `treemod.models.generate` (one compiled program with a key-value cache);
 3. when `transformers` and PyTorch are installed, loads the same directory with `transformers`
    and reports the largest difference of the logits (relative to their largest value);
 4. saves the model back with `treemod.models.save_pretrained` and checks that it reloads equal.
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import treemod as tm
-from treemod.models import GPT2LMHeadModel, from_pretrained, save_pretrained
+from treemod.models import CausalLM, GPT2LMHeadModel, from_pretrained, generate, save_pretrained
 
 # GPT-2's shapes, smaller; its end-of-text token is the last of the vocabulary, as in GPT-2.
 SMALL = {"n_embd": 256, "n_layer": 4, "n_head": 8, "vocab_size": 5000, "n_positions": 256}
@@ -49,15 +50,12 @@ def write_checkpoint(directory: Path, config: dict[str, int]) -> None:
     save_pretrained(model, directory)
 
 
-def generate(model: Any, ids: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The logits of `ids`, and `ids` extended greedily by `steps` tokens."""
-    forward = tm.filter_jit(lambda m, x: m(input_ids=x))
-    logits = np.asarray(forward(model, ids))
-    out = ids
-    for _ in range(steps):
-        next_id = np.asarray(forward(model, out))[:, -1].argmax(-1)
-        out = np.concatenate([out, next_id[:, None]], axis=1)
-    return logits, out
+def run(model: Any, ids: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The logits of `ids`, and for a causal LM `ids` continued greedily by `steps` tokens."""
+    logits = np.asarray(tm.filter_jit(lambda m, x: m(input_ids=x))(model, ids))
+    if not isinstance(model, CausalLM):
+        return logits, None
+    return logits, np.asarray(generate(model, ids, max_new_tokens=steps))
 
 
 def compare_with_transformers(directory: Path, ids: np.ndarray, ours: np.ndarray) -> float | None:
@@ -113,14 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         jax.block_until_ready(model)
         seconds = time.perf_counter() - start
-        print(f"loaded {type(model).__name__} in {seconds:.2f} s")
+        print(
+            f"loaded {type(model).__name__} ({model.num_parameters():,} parameters, "
+            f"{model.dtype}) in {seconds:.2f} s"
+        )
 
         ids = np.array([[11, 42, 7, 99, 3]])
         steps = 3 if args.quick else args.steps
-        logits, extended = generate(model, ids, steps)
-        print(
-            f"logits: {logits.shape}; greedy continuation: {extended[0, ids.shape[1] :].tolist()}"
-        )
+        logits, extended = run(model, ids, steps)
+        new = "none (not a causal LM)" if extended is None else extended[0, ids.shape[1] :].tolist()
+        print(f"logits: {logits.shape}; greedy continuation: {new}")
 
         error = compare_with_transformers(directory, ids, logits.astype(np.float32))
         if error is None:

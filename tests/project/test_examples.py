@@ -111,7 +111,7 @@ def test_char_transformer_quick() -> None:
 def test_pretrained_quick() -> None:
     out = _run_example("pretrained.py")
     assert "wrote a random GPT-2 checkpoint" in out
-    assert _number(r"loaded GPT2LMHeadModel in ([\d.]+) s", out) > 0
+    assert _number(r"loaded GPT2LMHeadModel \([\d,]+ parameters, float32\) in ([\d.]+) s", out) > 0
     assert re.search(r"greedy continuation: \[\d+, \d+, \d+\]", out)
     # transformers is a test dependency, so the comparison runs here.
     assert _number(r"largest difference from transformers \(relative\): ([\d.e+-]+)", out) <= 1e-5

@@ -12,6 +12,7 @@ from treemod.models._base import (
     register_architecture,
     registered_architectures,
 )
+from treemod.models._causal_lm import CausalLM
 from treemod.models._generate import GenerateOutput, generate
 from treemod.models._generate_text import generate_text
 from treemod.models._pretrained_load import from_pretrained
@@ -53,6 +54,7 @@ __all__ = [
     "GenerateOutput",
     "Tokenizer",
     # Building blocks of the zoo.
+    "CausalLM",
     "PretrainedConfig",
     "PretrainedModel",
     "config_error",
