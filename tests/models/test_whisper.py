@@ -316,3 +316,13 @@ def test_audio_classification_both_ways(weighted: bool, tmp_path: Path) -> None:
     back, info = type(hf).from_pretrained(tmp_path / "tm", output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert relative_error(_hf_out(back.eval(), inputs), want) <= RTOL
+
+
+def test_adapters_name_no_peft_task_type(tmp_path: Path) -> None:
+    # PEFT's SEQ_2_SEQ_LM wrapper passes input_ids, which Whisper's forward does not take.
+    import json
+
+    _, model = _pair(WhisperForConditionalGeneration)
+    tuned = lora.add_lora(model, ["q_proj"], r=2, alpha=4, key=jax.random.key(0))
+    lora.save_adapter(tuned, tmp_path)
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["task_type"] is None

@@ -307,6 +307,12 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
     def _parts(self) -> tuple[WhisperEncoder, WhisperDecoder]:
         return self.model.encoder, self.model.decoder
 
+    @classmethod
+    def peft_task_type(cls) -> str | None:  # type: ignore[override]
+        """None: PEFT's `SEQ_2_SEQ_LM` wrapper passes `input_ids`, which Whisper does not take
+        (PEFT's Whisper recipes set no task type)."""
+        return None
+
     def tied_weights(self) -> dict[str, str]:
         """`{"proj_out.weight": "model.decoder.embed_tokens.weight"}` when tied, else `{}`."""
         if self.proj_out is None:
