@@ -286,3 +286,37 @@ def test_rolled_compile_once_calls_count_as_the_loops_filter_jit_lowers() -> Non
     assert report.scan_loops == want == 1  # the five side by side; the last call on its own
     (program,) = [p for p in report.programs if p.compiled_once]
     assert program.uses == 6
+
+
+class Parallel(tm.Module):
+    blocks: list[Block]
+
+    def __init__(self, key: jax.Array) -> None:
+        self.blocks = [Block(k) for k in jax.random.split(key, 4)]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return sum(block(x) for block in self.blocks)  # every block reads x: side by side
+
+
+class Chain(Parallel):
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("differentiate", [False, True])
+def test_compile_once_is_advised_for_blocks_side_by_side_not_for_a_chain(
+    differentiate: bool,
+) -> None:
+    def step(model: Any, x: jax.Array) -> Any:
+        if differentiate:
+            return tm.filter_grad(lambda m, y: jnp.sum(m(y) ** 2))(model, x)
+        return model(x)
+
+    side = tm.debug.compile_report(step, Parallel(jax.random.key(1)), X).advice
+    assert any("blocks[*]: 4 Blocks" in a and "tm.compile_once" in a for a in side), side
+    assert not any("in a chain" in a for a in side)
+    chain = tm.debug.compile_report(step, Chain(jax.random.key(1)), X).advice
+    hint = next(a for a in chain if "blocks[*]: 4 Blocks" in a)
+    assert "in a chain" in hint and "nn.Stack" in hint and "would not help" in hint

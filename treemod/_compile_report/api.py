@@ -177,7 +177,7 @@ def compile_report(
         hlo_functions=len(by_hlo.functions),
         scan_loops=by_hlo.whiles,
         fusions=fusions,
-        advice=advice(rows, {p: s.signature for p, s in recorder.stats.items()}),
+        advice=advice(rows, {p: s.signature for p, s in recorder.stats.items()}, by_eqn.reads),
     )
 
 

@@ -46,6 +46,9 @@ class JaxprCosts:
     programs: list[ProgramUse]
     scans: int
     once_uses: Counter[str]
+    # path -> the paths whose outputs its equations read (transitively), in the top-level
+    # program: calls that read each other form a chain, which `compile_once` cannot roll.
+    reads: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
 
 def _inputs(jaxpr: Any) -> str:
@@ -73,6 +76,7 @@ def jaxpr_costs(closed: Any, read: ScopeReader, root: str, marker: str) -> Jaxpr
     """Walk a traced function's jaxpr, attributing each equation to the module paths whose
     scopes it ran under (`read` finds them; none: `root`)."""
     costs = JaxprCosts(Counter(), Counter(), 0, [], 0, Counter())
+    _dataflow(closed.jaxpr, read, costs.reads)
     programs: dict[int, ProgramUse] = {}
     memo: dict[int, int] = {}
     # (jaxpr, the paths of the equation that holds it), walked without recursion: deep models
@@ -110,3 +114,23 @@ def jaxpr_costs(closed: Any, read: ScopeReader, root: str, marker: str) -> Jaxpr
             todo.extend((sub, chain) for sub in sub_jaxprs(eqn.params))
     costs.programs = list(programs.values())
     return costs
+
+
+def _dataflow(jaxpr: Any, read: ScopeReader, reads: dict[str, set[str]]) -> None:
+    """Fill `reads`: for each path, the other paths whose outputs flow into its equations."""
+    made_by: dict[Any, frozenset[str]] = {}  # variable -> the paths it was computed from
+    for eqn in jaxpr.eqns:
+        stack = str(eqn.source_info.name_stack)
+        if "transpose(" in stack:
+            # The backward pass reads every forward value: only the forward pass tells a chain
+            # of calls from calls side by side.
+            continue
+        chain = frozenset(read(stack))
+        inputs: frozenset[str] = frozenset()
+        for v in eqn.invars:
+            if not hasattr(v, "val"):  # a literal carries no path
+                inputs |= made_by.get(v, frozenset())
+        for path in chain:
+            reads.setdefault(path, set()).update(inputs - chain)
+        for v in eqn.outvars:
+            made_by[v] = inputs | chain
