@@ -136,3 +136,21 @@ def test_jit_forward_traces_the_routing() -> None:
 )
 def test_refused_config_values_are_named(change: dict[str, Any], key: str) -> None:
     refused(MixtralForCausalLM, {**BASE, **change}, key)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_grouped_and_dense_experts_agree(dtype: Any) -> None:
+    # Accelerators run the chosen experts only (ragged_dot), CPU runs all of them weighted.
+    model = MixtralModel.from_config(BASE, key=jax.random.key(0), dtype=dtype)
+    block = model.layers[0].mlp
+    x = jax.random.normal(jax.random.key(1), (9, 32)).astype(dtype)
+    probs = jax.nn.softmax(block.gate(x).astype(np.float32), axis=-1)
+    top, index = jax.lax.top_k(probs, 2)
+    top = top / top.sum(-1, keepdims=True)
+    grouped = block.experts(x, index, top, grouped=True)
+    dense = block.experts(x, index, top, grouped=False)
+    assert grouped.dtype == dense.dtype == x.dtype
+    tol = 1e-6 if dtype is np.float32 else 2e-2
+    np.testing.assert_allclose(
+        np.asarray(grouped, np.float32), np.asarray(dense, np.float32), rtol=tol, atol=tol
+    )
