@@ -367,12 +367,22 @@ def test_nested_refusals_name_the_sub_config() -> None:
         SiglipModel.from_config(bad, key=jax.random.key(0))
 
 
-def test_other_image_sizes_are_refused_by_name() -> None:
-    model = SiglipVisionModel.from_config(VISION, key=jax.random.key(0))
-    with pytest.raises(NotImplementedError, match="bicubic"):
-        model(pixel_values=np.zeros((1, 3, 24, 24), np.float32), interpolate_pos_encoding=True)
-    with pytest.raises(ValueError, match=r"pixel_values has shape \(1, 3, 24, 24\)"):
-        model(pixel_values=np.zeros((1, 3, 24, 24), np.float32))
+@pytest.mark.parametrize("size", [(24, 24), (8, 32), (20, 12)])
+def test_interpolate_pos_encoding_equals_transformers(size: tuple[int, int]) -> None:
+    """Other sizes with interpolate_pos_encoding=True: the positions resized with PyTorch's
+    bicubic kernel in transformers, the same in treemod."""
+    hf = _hf("SiglipVisionModel", VISION)
+    model = _ours("SiglipVisionModel", hf)
+    pixels = np.random.default_rng(8).standard_normal((2, 3, *size)).astype(np.float32)
+    inputs = {"pixel_values": pixels, "interpolate_pos_encoding": True}
+    with torch.inference_mode():
+        want = hf(pixel_values=torch.from_numpy(pixels), interpolate_pos_encoding=True)
+    got = _run(model, inputs)
+    assert _relative_error(got, want.last_hidden_state) < 1e-5
+    pooled = _run(model, inputs, "pooler_output")
+    assert _relative_error(pooled, want.pooler_output) < 1e-5
+    with pytest.raises(ValueError, match=r"pixel_values has shape \(2, 3, {}, {}\)".format(*size)):
+        model(pixel_values=pixels)
 
 
 def test_builds_in_bfloat16() -> None:

@@ -32,6 +32,7 @@ from ._clip_layers import (
     check_pixels,
     encoder,
     param_dtype,
+    patch_positions,
     read_tower,
     text_embeddings,
     text_hidden,
@@ -82,14 +83,19 @@ class CLIPVisionEmbeddings(Module):
     patch_embedding: nn.Conv2d
     position_embedding: nn.Embedding
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, channels, size, size)` to `(batch, 1 + patches, hidden)`."""
+    def __call__(self, owner: str, x: Array) -> Array:
+        """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`."""
+        table = self.position_embedding.weight
+        patch = self.patch_embedding.kernel_size[0]
+        table = jnp.concatenate(
+            [table[:1], patch_positions(owner, table[1:], patch, x.shape[2], x.shape[3])]
+        )
         patches = self.patch_embedding(x)
         b, d = patches.shape[:2]
         patches = jnp.swapaxes(patches.reshape(b, d, -1), 1, 2)
         cls = jnp.broadcast_to(self.class_embedding.astype(patches.dtype), (b, 1, d))
         x = jnp.concatenate([cls, patches], axis=1)
-        return x + self.position_embedding.weight.astype(x.dtype)[None]
+        return x + table.astype(x.dtype)[None]
 
 
 def read_text(cls_name: str, config: Mapping[str, Any], where: str = "") -> dict[str, Any]:
@@ -207,9 +213,9 @@ class CLIPTextModel(PretrainedModel):
 class CLIPVisionModel(PretrainedModel):
     """CLIP's vision tower (`transformers.CLIPVisionModel`): returns `last_hidden_state`.
 
-    Call it with `pixel_values` `(batch, num_channels, image_size, image_size)`;
-    `interpolate_pos_encoding=True` is refused (PyTorch's bicubic resize). `pooler_output` gives
-    the class token through `post_layernorm`.
+    Call it with `pixel_values` `(batch, num_channels, image_size, image_size)`, or other sizes
+    with `interpolate_pos_encoding=True` (PyTorch's bicubic resize of the positions, as
+    `transformers`). `pooler_output` gives the class token through `post_layernorm`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -274,7 +280,8 @@ class CLIPVisionModel(PretrainedModel):
 
         Arguments:
             pixel_values: `(batch, num_channels, image_size, image_size)`.
-            interpolate_pos_encoding: `None` or `False` (other image sizes are refused).
+            interpolate_pos_encoding: `True` for other image sizes (the position embeddings
+                resized as `transformers` resizes them, with PyTorch's bicubic kernel).
             key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
 
         Returns:
@@ -283,7 +290,8 @@ class CLIPVisionModel(PretrainedModel):
         size = self.config.get("image_size", VISION_VALUES["image_size"].default)
         conv = self.embeddings.patch_embedding
         x = check_pixels(type(self).__name__, conv, size, pixel_values, interpolate_pos_encoding)
-        return self.encoder(self.pre_layrnorm(self.embeddings(x)), None, key=key)
+        x = self.embeddings(type(self).__name__, x)
+        return self.encoder(self.pre_layrnorm(x), None, key=key)
 
     def pooler_output(self, **inputs: Any) -> Array:
         """`transformers`' `pooler_output` `(batch, hidden)`; `__call__`'s arguments."""

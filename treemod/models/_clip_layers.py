@@ -22,10 +22,12 @@ from ._attention_parts import attend, causal_mask, split_key, token_inputs
 from ._base import PretrainedConfig, config_error
 from ._config_values import Value, read_config
 from ._hf_activations import get_activation, hf_activation
+from ._vit_interpolate import resize_grid
 
 __all__ = [
     "CLIPEncoder",
     "check_pixels",
+    "patch_positions",
     "param_dtype",
     "CLIPTextEmbeddings",
     "encoder",
@@ -202,18 +204,32 @@ def param_dtype(dtype: Any) -> Any:
 
 
 def check_pixels(owner: str, conv: nn.Conv2d, size: int, pixel_values: Any, resize: Any) -> Array:
-    """`pixel_values` as an array of the parameters' dtype, of shape `(batch, num_channels,
-    image_size, image_size)`; `interpolate_pos_encoding=True` refused by name."""
-    if resize:
-        raise NotImplementedError(
-            f"{owner}: interpolate_pos_encoding=True is not supported (transformers resizes the "
-            "position embeddings with PyTorch's bicubic kernel, which treemod does not "
-            f"reproduce); give pixel_values of the config's image_size {size}."
-        )
+    """`pixel_values` as an array of the parameters' dtype, `(batch, num_channels, image_size,
+    image_size)`; any size of at least one patch with `interpolate_pos_encoding` (`resize`)."""
     x = jnp.asarray(pixel_values).astype(conv.weight.dtype)
-    if x.ndim != 4 or x.shape[1] != conv.in_channels or x.shape[2:] != (size, size):
+    patch = conv.kernel_size[0]
+    shape_ok = x.ndim == 4 and x.shape[1] == conv.in_channels
+    if shape_ok and resize:
+        shape_ok = min(x.shape[2:]) >= patch
+    elif shape_ok:
+        shape_ok = x.shape[2:] == (size, size)
+    if not shape_ok:
         raise ValueError(
             f"{owner}: pixel_values has shape {x.shape}; expected (batch, {conv.in_channels}, "
-            f"{size}, {size}) (num_channels and image_size of the config)."
+            f"{size}, {size}) (num_channels and image_size of the config), or any size of at "
+            f"least one patch ({patch}) with interpolate_pos_encoding=True."
         )
     return x
+
+
+def patch_positions(owner: str, table: Array, patch: int, height: int, width: int) -> Array:
+    """The patches' position embeddings `(patches, hidden)` for a `height x width` image: the
+    table `(positions, hidden)` itself at its own square grid, else resized as `transformers`'
+    `interpolate_pos_encoding` resizes it (PyTorch's bicubic kernel)."""
+    grid, n = (height // patch, width // patch), table.shape[0]
+    if grid[0] * grid[1] == n and height == width:
+        return table
+    side = int(n**0.5)
+    if side * side != n:
+        raise ValueError(f"{owner}: {n} position embeddings do not make a square grid to resize.")
+    return resize_grid(table, grid)

@@ -34,6 +34,7 @@ from ._clip_layers import (
     encoder,
     mlp,
     param_dtype,
+    patch_positions,
     read_tower,
     sub_config,
     text_embeddings,
@@ -161,12 +162,15 @@ class SiglipVisionEmbeddings(Module):
     patch_embedding: nn.Conv2d
     position_embedding: nn.Embedding
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, channels, size, size)` to `(batch, patches, hidden)`."""
+    def __call__(self, owner: str, x: Array) -> Array:
+        """`(batch, channels, height, width)` to `(batch, patches, hidden)`."""
+        patch = self.patch_embedding.kernel_size[0]
+        table = self.position_embedding.weight
+        table = patch_positions(owner, table, patch, x.shape[2], x.shape[3])
         patches = self.patch_embedding(x)
         b, d = patches.shape[:2]
         patches = jnp.swapaxes(patches.reshape(b, d, -1), 1, 2)
-        return patches + self.position_embedding.weight.astype(patches.dtype)[None]
+        return patches + table.astype(patches.dtype)[None]
 
 
 class SiglipPoolingAttention(Module):
@@ -214,9 +218,10 @@ class SiglipVisionModel(PretrainedModel):
     """SigLIP's vision tower (`transformers.SiglipVisionModel`): returns `last_hidden_state`
     (normalised by `post_layernorm`).
 
-    Call it with `pixel_values` `(batch, num_channels, image_size, image_size)`;
-    `interpolate_pos_encoding=True` is refused (PyTorch's bicubic resize). `pooler_output` gives
-    the attention pooling head's output (with `vision_use_head`).
+    Call it with `pixel_values` `(batch, num_channels, image_size, image_size)`, or other sizes
+    with `interpolate_pos_encoding=True` (PyTorch's bicubic resize of the positions, as
+    `transformers`). `pooler_output` gives the attention pooling head's output (with
+    `vision_use_head`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -283,7 +288,8 @@ class SiglipVisionModel(PretrainedModel):
 
         Arguments:
             pixel_values: `(batch, num_channels, image_size, image_size)`.
-            interpolate_pos_encoding: `None` or `False` (other image sizes are refused).
+            interpolate_pos_encoding: `True` for other image sizes (the position embeddings
+                resized as `transformers` resizes them, with PyTorch's bicubic kernel).
             key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
 
         Returns:
@@ -293,7 +299,8 @@ class SiglipVisionModel(PretrainedModel):
         conv = self.embeddings.patch_embedding
         owner = type(self).__name__
         x = check_pixels(owner, conv, size, pixel_values, interpolate_pos_encoding)
-        return self.post_layernorm(self.encoder(self.embeddings(x), None, key=key))
+        x = self.embeddings(owner, x)
+        return self.post_layernorm(self.encoder(x, None, key=key))
 
     def pooler_output(self, **inputs: Any) -> Array:
         """`transformers`' `pooler_output` `(batch, hidden)`; `__call__`'s arguments."""
