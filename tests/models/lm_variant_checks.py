@@ -89,6 +89,15 @@ def check_lora(hf: Any, model: Any, targets: list[str], tmp_path: Path, vocab: i
 PEFT_WARNING = "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
 
 
+def check_bfloat16(cls: Any, config: dict[str, Any]) -> None:
+    """`cls` builds in bfloat16 and its compiled forward gives finite bfloat16 outputs."""
+    import jax.numpy as jnp
+
+    model = cls.from_config(config, key=jax.random.key(0), dtype=jnp.bfloat16)
+    out = run(model, {"input_ids": np.array([[1, 2, 3, 4, 5]])})
+    assert out.dtype == jnp.bfloat16 and bool(jnp.isfinite(out).all())
+
+
 def refused(cls: Any, config: dict[str, Any], key: str) -> None:
     """`cls.from_config(config)` refuses `key`, naming the class and the key."""
     import pytest
@@ -102,6 +111,7 @@ def refused(cls: Any, config: dict[str, Any], key: str) -> None:
 
 __all__ = [
     "PEFT_WARNING",
+    "check_bfloat16",
     "pair_through_files",
     "check_directories",
     "check_lora",

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from lm_reference import pair
 from lm_variant_checks import (
     PEFT_WARNING,
+    check_bfloat16,
     check_directories,
     check_lora,
     check_padded_batch,
@@ -187,3 +188,8 @@ def test_embedding_scale_is_rounded_to_the_model_dtype() -> None:
 )
 def test_refused_config_values_are_named(cls: Any, change: dict[str, Any], key: str) -> None:
     refused(cls, {**BASE, **change}, key)
+
+
+@pytest.mark.parametrize("cls", [GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM])
+def test_bfloat16(cls: Any) -> None:
+    check_bfloat16(cls, {**BASE, "sliding_window": 3, "final_logit_softcapping": 5.0})

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from lm_reference import run
 from lm_variant_checks import (
     PEFT_WARNING,
+    check_bfloat16,
     check_directories,
     check_lora,
     check_padded_batch,
@@ -154,3 +155,7 @@ def test_grouped_and_dense_experts_agree(dtype: Any) -> None:
     np.testing.assert_allclose(
         np.asarray(grouped, np.float32), np.asarray(dense, np.float32), rtol=tol, atol=tol
     )
+
+
+def test_bfloat16() -> None:
+    check_bfloat16(MixtralForCausalLM, BASE)

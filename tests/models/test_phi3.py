@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from lm_reference import pair
 from lm_variant_checks import (
     PEFT_WARNING,
+    check_bfloat16,
     check_directories,
     check_lora,
     check_padded_batch,
@@ -125,3 +126,7 @@ def test_generate_stops_where_longrope_would_switch_factors() -> None:
 )
 def test_refused_config_values_are_named(change: dict[str, Any], key: str) -> None:
     refused(Phi3ForCausalLM, {**BASE, **change}, key)
+
+
+def test_bfloat16() -> None:
+    check_bfloat16(Phi3ForCausalLM, {**BASE, **_longrope(4)})

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from lm_reference import pair
 from lm_variant_checks import (
     PEFT_WARNING,
+    check_bfloat16,
     check_directories,
     check_lora,
     check_padded_batch,
@@ -108,3 +109,7 @@ def test_lora_equals_peft(tmp_path: Path) -> None:
 )
 def test_refused_config_values_are_named(change: dict[str, Any], key: str) -> None:
     refused(Qwen3ForCausalLM, {**BASE, **change}, key)
+
+
+def test_bfloat16() -> None:
+    check_bfloat16(Qwen3ForCausalLM, BASE)
