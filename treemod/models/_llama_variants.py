@@ -155,7 +155,20 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 
 class Qwen3Model(Qwen2Model):
-    """Qwen3's decoder: Qwen2's windows, `attention_bias` on q, k, v and o, q and k normed."""
+    """Qwen3's decoder: Qwen2's windows, `attention_bias` on q, k, v and o, q and k normed.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from treemod.models.llama_variants import Qwen3Model
+        >>> config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        ...           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        ...           "vocab_size": 100}
+        >>> model = Qwen3Model.from_config(config, key=jax.random.key(0))
+        >>> model.layers.layers.self_attn.q_norm.weight.shape
+        (2, 8)
+        >>> model(input_ids=jnp.array([[1, 2, 3]])).shape
+        (1, 3, 32)
+    """
 
     architecture: ClassVar[str] = "Qwen3Model"
     model_type: ClassVar[str] = "qwen3"
