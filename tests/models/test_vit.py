@@ -190,12 +190,26 @@ def test_refused_config_values_name_class_and_key(cls: Any, key: str, value: Any
     assert cls.__name__ in message and key in message
 
 
-def test_other_image_sizes_are_refused_by_name() -> None:
+@pytest.mark.parametrize("size", [(48, 48), (16, 40), (32, 32)])
+def test_interpolate_pos_encoding_equals_transformers(size: tuple[int, int]) -> None:
+    """Other sizes with interpolate_pos_encoding=True: transformers resizes the positions with
+    PyTorch's bicubic kernel, and so does treemod."""
+    hf = _hf("ViTForImageClassification", TINY)
+    model = _ours("ViTForImageClassification", hf)
+    pixels = np.random.default_rng(8).standard_normal((2, 3, *size)).astype(np.float32)
+    with torch.inference_mode():
+        want = hf(pixel_values=torch.from_numpy(pixels), interpolate_pos_encoding=True).logits
+    got = _run(model, {"pixel_values": pixels, "interpolate_pos_encoding": True})
+    assert _relative_error(got, want) < 1e-5
+
+
+def test_other_image_sizes_without_interpolation_are_refused() -> None:
     model = ViTForImageClassification.from_config(TINY, key=jax.random.key(0))
-    with pytest.raises(NotImplementedError, match="interpolate_pos_encoding=True"):
-        model(pixel_values=np.zeros((1, 3, 48, 48), np.float32), interpolate_pos_encoding=True)
     with pytest.raises(ValueError, match=r"pixel_values has shape \(1, 3, 48, 48\)"):
         model(pixel_values=np.zeros((1, 3, 48, 48), np.float32))
+    pair = ViTModel.from_config({**TINY, "patch_size": [8, 8]}, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="interpolate_pos_encoding needs an int patch_size"):
+        pair(pixel_values=np.zeros((1, 3, 48, 48), np.float32), interpolate_pos_encoding=True)
 
 
 def test_builds_under_filter_eval_shape_and_in_bfloat16() -> None:

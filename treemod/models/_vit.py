@@ -28,6 +28,7 @@ from ._base import PretrainedConfig, PretrainedModel, config_error, register_arc
 from ._bert_layers import BertPooler, attend_encoder, attention_bias
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import get_activation, hf_activation
+from ._vit_interpolate import resize_grid
 
 __all__ = ["ViTModel", "ViTForImageClassification"]
 
@@ -109,11 +110,21 @@ class ViTEmbeddings(Module):
     dropout: nn.Dropout
     image_size: tuple[int, int] = field(static=True)
 
-    def __call__(self, pixel_values: Array, *, key: PRNGKeyArray | None = None) -> Array:
-        """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`."""
+    def __call__(
+        self, pixel_values: Array, *, resize: bool = False, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`; with `resize`
+        the patch positions resized to the image's grid (PyTorch's bicubic kernel, as
+        `transformers`' `interpolate_pos_encoding`)."""
+        table = self.position_embeddings
+        height, width = pixel_values.shape[2:]
         x = self.patch_embeddings(pixel_values)
+        if resize and not (x.shape[1] == table.shape[1] - 1 and height == width):
+            patch = self.patch_embeddings.projection.kernel_size[0]
+            resized = resize_grid(table[0, 1:], (height // patch, width // patch))
+            table = jnp.concatenate([table[:, :1], resized[None]], axis=1)
         cls = jnp.broadcast_to(self.cls_token.astype(x.dtype), (x.shape[0], 1, x.shape[2]))
-        x = jnp.concatenate([cls, x], axis=1) + self.position_embeddings.astype(x.dtype)
+        x = jnp.concatenate([cls, x], axis=1) + table.astype(x.dtype)
         return self.dropout(x, key=key)
 
 
@@ -248,9 +259,9 @@ class ViTModel(PretrainedModel):
     """The Vision Transformer (`transformers.ViTModel`, with its pooler): `last_hidden_state`.
 
     Call it with `pixel_values` `(batch, num_channels, height, width)` of the config's
-    `image_size` (and optionally an `attention_mask` `(batch, 1 + patches)`).
-    `interpolate_pos_encoding=True` (other image sizes) is refused: `transformers` resizes the
-    position embeddings with PyTorch's bicubic kernel, which treemod does not reproduce.
+    `image_size` (and optionally an `attention_mask` `(batch, 1 + patches)`), or of other sizes
+    with `interpolate_pos_encoding=True`: the position embeddings are resized as `transformers`
+    resizes them (PyTorch's bicubic kernel).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -310,32 +321,48 @@ class ViTModel(PretrainedModel):
         Arguments:
             pixel_values: `(batch, num_channels, height, width)`, cast to the parameters' dtype.
             attention_mask: optional `(batch, 1 + patches)`, 1 to attend, 0 to mask.
-            interpolate_pos_encoding: `None` or `False` (other image sizes are refused).
+            interpolate_pos_encoding: `True` for other image sizes (an int `patch_size` and a
+                square grid of positions in the config, as `transformers` needs).
             key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
 
         Returns:
             `last_hidden_state`.
         """
         name = type(self).__name__
-        if interpolate_pos_encoding:
-            raise NotImplementedError(
-                f"{name}: interpolate_pos_encoding=True is not supported (transformers resizes "
-                "the position embeddings with PyTorch's bicubic kernel); give pixel_values of "
-                f"the config's image_size {self.embeddings.image_size}."
-            )
         weight = self.embeddings.patch_embeddings.projection.weight
         x = jnp.asarray(pixel_values).astype(weight.dtype)
         channels = self.embeddings.patch_embeddings.projection.in_channels
-        if x.ndim != 4 or x.shape[1] != channels or x.shape[2:] != self.embeddings.image_size:
+        size = self.embeddings.image_size
+        if x.ndim != 4 or x.shape[1] != channels:
             raise ValueError(
                 f"{name}: pixel_values has shape {x.shape}; expected (batch, {channels}, "
-                f"{self.embeddings.image_size[0]}, {self.embeddings.image_size[1]}) "
-                "(num_channels and image_size of the config)."
+                f"{size[0]}, {size[1]}) (num_channels and image_size of the config)."
+            )
+        if interpolate_pos_encoding:
+            self._check_resize(name, x.shape[2:])
+        elif x.shape[2:] != size:
+            raise ValueError(
+                f"{name}: pixel_values has shape {x.shape}; expected (batch, {channels}, "
+                f"{size[0]}, {size[1]}) (num_channels and image_size of the config), or "
+                "interpolate_pos_encoding=True."
             )
         k_emb, k_layers = split_key(key, 2)
-        x = self.embeddings(x, key=k_emb)
+        x = self.embeddings(x, resize=bool(interpolate_pos_encoding), key=k_emb)
         bias = attention_bias(attention_mask, (x.shape[0], x.shape[1]), x.dtype)
         return self.layernorm(self.layers(x, bias, key=k_layers))
+
+    def _check_resize(self, name: str, image: tuple[int, ...]) -> None:
+        """Refuse by name what `transformers`' `interpolate_pos_encoding` cannot compute."""
+        patch = self.config.get("patch_size", _VALUES["patch_size"].default)
+        positions = self.embeddings.position_embeddings.shape[1] - 1
+        side = int(positions**0.5)
+        if isinstance(patch, tuple) or side * side != positions:
+            raise ValueError(
+                f"{name}: interpolate_pos_encoding needs an int patch_size (got {patch!r}) and a "
+                f"square grid of position embeddings (got {positions}), as transformers does."
+            )
+        if min(image) < patch:
+            raise ValueError(f"{name}: pixel_values {image} are smaller than one patch.")
 
 
 @register_architecture
