@@ -59,6 +59,16 @@ from treemod._transforms.caches import clear_caches
 from treemod._transforms.axis_specs import if_array
 from treemod._transforms.vmap import filter_vmap
 
+# Sharding by logical axis names.
+from treemod._sharding.axes import axis_names, logical_axes
+from treemod._sharding.rules import (
+    ShardingError,
+    fsdp_rules,
+    fsdp_tp_rules,
+    tensor_parallel_rules,
+)
+from treemod._sharding.place import model_shardings, shard
+
 # Shape checks. `ShapeCheckError` is made at its first lookup (it subclasses jaxtyping's error,
 # and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.
 from treemod._shapecheck.checker import shapecheck
@@ -194,6 +204,15 @@ __all__ = [
     "if_array",
     "load_compiled",
     "save_compiled",
+    # Sharding.
+    "ShardingError",
+    "axis_names",
+    "fsdp_rules",
+    "fsdp_tp_rules",
+    "logical_axes",
+    "model_shardings",
+    "shard",
+    "tensor_parallel_rules",
     # Shape checks.
     "ShapeCheckError",
     "shape_checks",

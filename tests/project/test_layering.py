@@ -23,6 +23,7 @@ LAYERS = {
     "_module/": 5,
     "_transforms/": 6,
     "_saving/": 6,
+    "_sharding/": 6,
     "_enumeration.py": 7,
     "nn/": 7,
     "debug.py": 8,

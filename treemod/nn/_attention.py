@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._batching import Core, batch_apply
@@ -20,6 +21,17 @@ from ._utils import check_number, check_size, compute_dtype, promote_input, requ
 __all__ = ["MultiheadAttention"]
 
 
+@axis_names(
+    {
+        **{
+            f"{p}_proj.{f}": n
+            for p in ("query", "key", "value")
+            for f, n in (("weight", ("heads", "embed")), ("bias", ("heads",)))
+        },
+        "output_proj.weight": ("embed", "heads"),
+        "output_proj.bias": ("embed",),
+    }
+)
 class MultiheadAttention(Module):
     """Multi-head scaled dot-product attention (Equinox's `nn.MultiheadAttention`).
 

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float
 
 from treemod._module.module import Module, field
 from treemod._module.state import State, in_stateful_call, update_state
+from treemod._sharding.axes import axis_names
 
 from ._utils import check_number, check_size, default_dtype
 
@@ -26,6 +27,7 @@ def _compute_dtype(x_dtype: Any, state_dtype: Any) -> Any:
     return jnp.dtype(f"float{bits}")
 
 
+@axis_names({"weight": ("norm",), "bias": ("norm",)})
 class BatchNorm(Module):
     """Batch normalisation (Ioffe and Szegedy, 2015) with running statistics kept in the model.
 

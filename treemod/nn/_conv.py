@@ -12,6 +12,7 @@ from jax import lax
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._layout import (
@@ -36,6 +37,16 @@ __all__ = [
     "Conv2d",
     "Conv3d",
 ]
+
+
+def conv_axes(channels_last: bool, num_spatial_dims: int) -> dict[str, tuple[str | None, ...]]:
+    """Axis names of a (transposed) convolution's kernel `(out, in/groups, *kernel)`, or
+    `(*kernel, in/groups, out)` channels-last, and its bias."""
+    weight: tuple[str | None, ...] = ("conv_out", "conv_in")
+    if channels_last:
+        weight = (None,) * num_spatial_dims + ("conv_in", "conv_out")
+    return {"weight": weight, "bias": ("conv_out",)}
+
 
 _PADDING_MODES = {"ZEROS": None, "REFLECT": "reflect", "REPLICATE": "edge", "CIRCULAR": "wrap"}
 
@@ -76,6 +87,7 @@ def _init_params(
     return weight, bias
 
 
+@axis_names(lambda conv: conv_axes(conv.channels_last, conv.num_spatial_dims))
 class Conv(Module):
     """An N-d convolution over `(*batch, in_channels, *spatial)`, or channels-last input.
 

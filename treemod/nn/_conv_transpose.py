@@ -11,9 +11,10 @@ from jax import lax
 from jaxtyping import Array, Inexact, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
-from ._conv import _init_params, _padding
+from ._conv import _init_params, _padding, conv_axes
 from ._layout import (
     apply_image_layer,
     conv_dimension_numbers,
@@ -27,6 +28,7 @@ from ._utils import as_tuple, check_size
 __all__ = ["ConvTranspose", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 
+@axis_names(lambda conv: conv_axes(conv.channels_last, conv.num_spatial_dims))
 class ConvTranspose(Module):
     """An N-d transposed convolution (PyTorch's `nn.ConvTransposeNd`, Equinox's layout).
 

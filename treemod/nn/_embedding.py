@@ -10,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Inexact, Integer, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._utils import check_size, default_dtype, require_key
@@ -17,6 +18,7 @@ from ._utils import check_size, default_dtype, require_key
 __all__ = ["Embedding"]
 
 
+@axis_names({"weight": ("vocab", "embed")})
 class Embedding(Module):
     """A lookup table: integer indices to vectors (PyTorch's `nn.Embedding`).
 

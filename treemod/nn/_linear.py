@@ -9,6 +9,7 @@ import jax
 from jaxtyping import Array, Inexact, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._batching import Core, batch_apply
@@ -17,6 +18,8 @@ from ._utils import check_size, default_dtype, lead, matmul_t, promote_input, re
 __all__ = ["Linear", "Identity"]
 
 
+# On its own a Linear is an up projection (hidden `mlp` outputs); `MLP` and attention name theirs.
+@axis_names({"weight": ("mlp", "embed"), "bias": ("mlp",)})
 class Linear(Module):
     """An affine map `y = x @ weight.T + bias` (PyTorch's `nn.Linear`, Equinox's `nn.Linear`).
 

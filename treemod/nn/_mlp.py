@@ -9,12 +9,25 @@ import jax
 from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._linear import Linear
 from ._utils import check_size, require_key
 
 __all__ = ["MLP", "identity"]
+
+
+def _mlp_axes(n: int) -> dict[str, tuple[str | None, ...]]:
+    """Axis names of an MLP of `n` Linears: input `embed`, hidden `mlp`, output `embed`."""
+    if n == 1:
+        return {}  # a lone Linear keeps its own names
+    names: dict[str, tuple[str | None, ...]] = {}
+    for i in range(n):
+        out = "embed" if i == n - 1 else "mlp"
+        names[f"layers.{i}.weight"] = (out, "embed" if i == 0 else "mlp")
+        names[f"layers.{i}.bias"] = (out,)
+    return names
 
 
 def identity(x: Any) -> Any:
@@ -25,6 +38,7 @@ def identity(x: Any) -> Any:
 _identity = identity  # the name that pickles of MLPs with the default activation refer to
 
 
+@axis_names(lambda mlp: _mlp_axes(len(mlp.layers)))
 class MLP(Module):
     """A multi-layer perceptron: `depth` hidden layers of `width_size`, then an output layer.
 

@@ -10,6 +10,7 @@ from jax import lax
 from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._batching import Core, batch_apply
 from ._layout import apply_image_layer, per_channel
@@ -42,6 +43,7 @@ def _scale_shift(y: Array, weight: Array | None, bias: Array | None) -> Array:
     return y
 
 
+@axis_names({"weight": ("norm",), "bias": ("norm",)})
 class LayerNorm(Module):
     """Layer normalisation over the trailing `shape` dimensions (PyTorch's `nn.LayerNorm`).
 
@@ -117,6 +119,7 @@ class LayerNorm(Module):
         return _scale_shift(y, self.weight, self.bias).astype(x.dtype)
 
 
+@axis_names({"weight": ("norm",), "bias": ("norm",)})
 class RMSNorm(Module):
     """Root-mean-square normalisation over the trailing `shape` dimensions.
 
@@ -184,6 +187,7 @@ class RMSNorm(Module):
         return _scale_shift(y, self.weight, self.bias).astype(x.dtype)
 
 
+@axis_names({"weight": ("norm",), "bias": ("norm",)})
 class GroupNorm(Module):
     """Group normalisation over channels-first input (PyTorch's `nn.GroupNorm`), or channels-last.
 

@@ -10,12 +10,21 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from . import init as _init
 from ._batching import Core, batch_apply
 from ._utils import check_size, default_dtype, lead, matmul_t, promote_input, require_key
 
 __all__ = ["GRUCell", "LSTMCell"]
+
+# The gates' stacked hidden axis is split like an MLP's hidden axis.
+_RNN_AXES = {
+    "weight_ih": ("mlp", "embed"),
+    "weight_hh": ("mlp", None),
+    "bias": ("mlp",),
+    "bias_n": ("mlp",),
+}
 
 
 def _params(
@@ -46,6 +55,7 @@ def _params(
     return weight_ih, weight_hh, bias, bias_n
 
 
+@axis_names(_RNN_AXES)
 class GRUCell(Module):
     """One step of a gated recurrent unit (PyTorch's `nn.GRUCell`, Equinox's `nn.GRUCell`).
 
@@ -146,6 +156,7 @@ class GRUCell(Module):
         return (1 - z) * n + z * h
 
 
+@axis_names(_RNN_AXES)
 class LSTMCell(Module):
     """One step of a long short-term memory cell (PyTorch's `nn.LSTMCell`).
 

@@ -14,6 +14,7 @@ from jaxtyping import PRNGKeyArray
 from treemod._format.describe import describe_value
 from treemod._module.module import Module, field
 from treemod._module.state import State, collect_state_updates, is_state, update_state
+from treemod._sharding.axes import axis_names
 from treemod._tree.filters import combine, is_array, partition
 
 from ._utils import accepts_key, check_size, require_key
@@ -27,6 +28,7 @@ def _states(tree: Any) -> list[State]:
 
 # `check_descendants=False`: the arrays below carry the extra layer axis, so `tree_at` does not
 # check the modules it rebuilds below a Stack against their (one-layer) annotations.
+@axis_names(leading=("layers",))
 class Stack(Module, check_descendants=False):
     """`num_layers` layers of identical structure, applied in sequence with one `lax.scan`.
 
