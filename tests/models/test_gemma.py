@@ -104,7 +104,7 @@ def test_padded_batch_matches_transformers(cls: Any, extra: dict[str, Any]) -> N
     check_padded_batch(hf, model, 100)
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(data=st.data())
 @pytest.mark.parametrize("cls", [GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM])
 def test_config_values_match_transformers(cls: Any, data: Any) -> None:

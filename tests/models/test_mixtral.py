@@ -76,7 +76,7 @@ def test_experts_are_stacked_and_routing_chooses_among_them(tmp_path: Path) -> N
     assert len(np.unique(np.asarray(chosen))) == 4
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data())
 def test_config_values_match_transformers(data: Any, tmp_path_factory: Any) -> None:
     experts = data.draw(st.integers(1, 5))

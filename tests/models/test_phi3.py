@@ -66,7 +66,7 @@ def test_padded_batch_matches_transformers(cls: Any, extra: dict[str, Any]) -> N
     check_padded_batch(hf, model, 100)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data())
 def test_config_values_match_transformers(data: Any) -> None:
     heads, kv_heads = data.draw(st.sampled_from([(2, 1), (4, 2), (4, 4)]))
