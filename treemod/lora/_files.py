@@ -81,7 +81,7 @@ class TaskTyped(Protocol):
     """A model that names PEFT's `task_type` for its adapters (every `treemod.models` class)."""
 
     @classmethod
-    def peft_task_type(cls) -> str: ...
+    def peft_task_type(cls) -> str | None: ...
 
 
 def save_adapter(

@@ -319,16 +319,17 @@ class PretrainedModel(Module):
         return model
 
     @classmethod
-    def peft_task_type(cls) -> str:
+    def peft_task_type(cls) -> str | None:
         """PEFT's `task_type` for adapters of this class (`save_adapter` writes it, so that
         `peft`'s `AutoPeftModelFor...` classes load them), from `transformers`' naming of the
         class: `...ForCausalLM`/`...LMHeadModel` `"CAUSAL_LM"`, `...ForConditionalGeneration`
         `"SEQ_2_SEQ_LM"`, `...ForSequenceClassification` `"SEQ_CLS"`,
         `...ForTokenClassification` `"TOKEN_CLS"`, `...ForQuestionAnswering` `"QUESTION_ANS"`,
-        a base model `"FEATURE_EXTRACTION"`. A class named otherwise overrides it.
+        a base model `"FEATURE_EXTRACTION"`. A class named otherwise overrides it (None: no task
+        type, for a class PEFT's task wrappers cannot call).
 
         Returns:
-            The task type.
+            The task type, or None.
         """
         name = cls.architecture
         for suffix, task in _TASK_TYPES:

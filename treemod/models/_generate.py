@@ -11,11 +11,9 @@ its logits go through `transformers`' processors (`_sampling.py`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple, overload
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -24,6 +22,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._transforms.jit import filter_jit
 from treemod.models._causal_lm import CausalLM, KVCache, cached_logits
+from treemod.models._decode_step import choose_next, running, start_decoding
 from treemod.models._generate_inputs import (
     bucket_padding,
     prompt_arrays,
@@ -31,7 +30,6 @@ from treemod.models._generate_inputs import (
     stream_put,
 )
 from treemod.models._generation_config import GenerationSettings, generation_settings
-from treemod.models._sampling import process, warp
 
 __all__ = ["GenerateOutput", "generate"]
 
@@ -268,65 +266,6 @@ def generate(
     return sequences
 
 
-@dataclasses.dataclass(frozen=True)
-class _Settings:
-    max_new_tokens: int
-    do_sample: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    eos: tuple[int, ...]
-    pad: int
-
-
-def _settings(
-    owner: str,
-    max_new_tokens: Any,
-    do_sample: Any,
-    temperature: Any,
-    top_k: Any,
-    top_p: Any,
-    eos_token_id: Any,
-    pad_token_id: Any,
-) -> _Settings:
-    def integer(x: Any) -> bool:
-        return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-    if not integer(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(
-            f"{owner}: `max_new_tokens` must be a positive int; got {max_new_tokens!r}."
-        )
-    if not isinstance(temperature, int | float) or not temperature > 0:
-        raise ValueError(
-            f"{owner}: `temperature` must be a positive number; got {temperature!r} "
-            "(for greedy decoding pass do_sample=False)."
-        )
-    if top_k is not None and (not integer(top_k) or top_k < 1):
-        raise ValueError(f"{owner}: `top_k` must be None or an int >= 1; got {top_k!r}.")
-    if top_p is not None and (not isinstance(top_p, int | float) or not 0 < top_p <= 1):
-        raise ValueError(f"{owner}: `top_p` must be None or in (0, 1]; got {top_p!r}.")
-    eos: tuple[int, ...] = ()
-    if eos_token_id is not None:
-        eos = (eos_token_id,) if integer(eos_token_id) else tuple(eos_token_id)
-        if not eos or not all(integer(e) for e in eos):
-            raise ValueError(
-                f"{owner}: `eos_token_id` must be an int or a sequence of ints; got "
-                f"{eos_token_id!r}."
-            )
-    if pad_token_id is not None and not integer(pad_token_id):
-        raise ValueError(f"{owner}: `pad_token_id` must be an int; got {pad_token_id!r}.")
-    pad = pad_token_id if pad_token_id is not None else (eos[0] if eos else 0)
-    return _Settings(
-        max_new_tokens=int(max_new_tokens),
-        do_sample=bool(do_sample),
-        temperature=float(temperature),
-        top_k=None if top_k is None else int(top_k),
-        top_p=None if top_p is None else float(top_p),
-        eos=tuple(int(e) for e in eos),
-        pad=int(pad),
-    )
-
-
 @filter_jit
 def _run(
     model: CausalLM,
@@ -342,66 +281,26 @@ def _run(
     batch, prompt_len = ids.shape
     max_len = prompt_len + s.max_new_tokens
     positions = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 1).astype(jnp.int32)
-    valid = jnp.zeros((batch, max_len), bool).at[:, :prompt_len].set(mask)
     layout = model.lm_parts().decoder.cache_layout()
-    cache = KVCache.empty(layout, batch, max_len).at(jnp.int32(0), valid)
+    parts = model.lm_parts()
+    vocab = (parts.token_embedding if parts.lm_head is None else parts.lm_head).weight.shape[0]
+    state = start_decoding(ids, mask, keys, s, vocab)
+    cache = KVCache.empty(layout, batch, max_len).at(jnp.int32(0), state.valid)
     logits, cache = cached_logits(model, ids, positions, cache)
-    tokens = jnp.zeros((batch, max_len), jnp.int32).at[:, :prompt_len].set(ids)
-    scores = jnp.zeros((batch, s.max_new_tokens), jnp.float32)
-    eos = jnp.asarray(s.eos, jnp.int32) if s.eos else None
-    rows = jnp.arange(batch)
-    seen = None
-    if s.repetition_penalty != 1.0:
-        # The prompts' tokens, their left padding left out (as transformers since 5.13).
-        own = jnp.where(mask, ids, logits.shape[-1])
-        seen = jnp.zeros((batch, logits.shape[-1] + 1), bool).at[rows[:, None], own].set(True)
-        seen = seen[:, :-1]
-
-    def pick(step: Array, state: tuple[Any, ...], logits: Array) -> tuple[Any, ...]:
-        tokens, valid, scores, unfinished, keys, seen = state
-        processed = process(logits, s, seen, step)
-        if s.do_sample:
-            processed = warp(processed, s)
-            if keys.ndim == 0:
-                keys, sub = jax.random.split(keys)
-                token = jax.random.categorical(sub, processed, axis=-1)
-            else:
-                pairs = jax.vmap(jax.random.split)(keys)
-                keys = pairs[:, 0]
-                token = jax.vmap(jax.random.categorical)(pairs[:, 1], processed)
-        else:
-            token = jnp.argmax(processed, axis=-1)
-        token = token.astype(jnp.int32)
-        if eos is not None:
-            token = jnp.where(unfinished, token, s.pad)
-            unfinished = unfinished & ~jnp.isin(token, eos)
-        logprob = jnp.take_along_axis(jax.nn.log_softmax(processed), token[:, None], axis=-1)
-        scores = lax.dynamic_update_slice(scores, logprob, (0, step))
-        if seen is not None:
-            seen = seen.at[rows, token].set(True)
-        if put is not None:
-            jax.debug.callback(lambda t: put(np.asarray(t)), token, ordered=True)
-        slot = prompt_len + step
-        tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, slot))
-        valid = lax.dynamic_update_slice(valid, jnp.ones((batch, 1), bool), (0, slot))
-        return (tokens, valid, scores, unfinished, keys, seen), token
-
+    state, token = choose_next(jnp.int32(0), state, logits, s, put)
     # The new token's position: the number of real tokens before it.
     position = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    state = (tokens, valid, scores, jnp.ones((batch,), bool), keys, seen)
-    state, token = pick(jnp.int32(0), state, logits)
 
     def cond(loop: tuple[Any, ...]) -> Array:
-        step: Array = loop[0]
-        return (step < s.max_new_tokens) & jnp.any(loop[1][3])
+        return running(loop[0], loop[1], s)
 
     def body(loop: tuple[Any, ...]) -> tuple[Any, ...]:
         step, state, cache, token, position = loop
         offset = prompt_len + step - 1
         new, pos = token[:, None], position[:, None]
-        logits, cache = cached_logits(model, new, pos, cache.at(offset, state[1]))
-        state, token = pick(step, state, logits)
+        logits, cache = cached_logits(model, new, pos, cache.at(offset, state.valid))
+        state, token = choose_next(step, state, logits, s, put)
         return step + 1, state, cache, token, position + 1
 
     step, state, *_ = lax.while_loop(cond, body, (jnp.int32(1), state, cache, token, position))
-    return state[0], state[2], step
+    return state.tokens, state.scores, step

@@ -10,11 +10,9 @@ settings are checked as `generate`'s.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -24,9 +22,14 @@ import treemod.nn as nn
 from treemod._transforms.jit import filter_jit
 from treemod.models._attention_parts import token_inputs
 from treemod.models._causal_lm import KVCache
-from treemod.models._generate import _Settings, _settings
-from treemod.models._generation_config import GenerationSettings
-from treemod.models._sampling import choose, process
+from treemod.models._decode_step import choose_next, running, start_decoding
+from treemod.models._generate import GenerateOutput
+from treemod.models._generate_inputs import sampling_keys, stream_put
+from treemod.models._generation_config import (
+    GenerationSettings,
+    generation_settings,
+    model_generation_config,
+)
 from treemod.models._seq2seq_parts import Seq2SeqLM
 
 __all__ = ["generate_seq2seq"]
@@ -36,20 +39,28 @@ def generate_seq2seq(
     model: Seq2SeqLM,
     input_ids: Any = None,
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     attention_mask: Any = None,
     input_features: Any = None,
     decoder_input_ids: Any = None,
-    do_sample: bool = False,
-    temperature: float = 1.0,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    min_new_tokens: int | None = None,
+    max_length: int | None = None,
+    min_length: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     suppress_tokens: Sequence[int] | None = None,
     begin_suppress_tokens: Sequence[int] | None = None,
+    generation_config: Mapping[str, Any] | None = None,
+    output_scores: bool = False,
+    streamer: Any = None,
     key: PRNGKeyArray | None = None,
-) -> Array:
+) -> Array | GenerateOutput:
     """Decode up to `max_new_tokens` tokens for each input, as `transformers`' `generate`.
 
     Works with the encoder-decoder models of the zoo (`T5ForConditionalGeneration`,
@@ -61,14 +72,13 @@ def generate_seq2seq(
     once, all in one compiled function per input shape, prompt length, `max_new_tokens` and
     sampling settings. Decoding runs in inference mode (no dropout).
 
-    Greedy decoding (`do_sample=False`) gives `transformers`' greedy tokens. Sampling applies
-    `temperature`, `top_k`, `top_p` as `transformers`' warpers (no top-k unless asked), then
-    draws with `key`. A row that produces an `eos_token_id` is finished: its later tokens are
-    `pad_token_id` (default: the first end-of-sequence id), and generation stops early once
-    every row is finished, returning a shorter array. `suppress_tokens` are never chosen and
-    `begin_suppress_tokens` not as the first new token (`transformers`' `SuppressTokens*`
-    processors; Whisper's checkpoints list them in `generation_config.json`). The config's
-    and generation config's values are not read: the call gives them.
+    Every generation value resolves as `generate`'s (the call, then the model's generation
+    config, then `transformers`' defaults) and goes through the same processors and warpers,
+    end-of-sequence handling, scores and streamer. A checkpoint's `forced_decoder_ids`
+    (Whisper's language and task tokens) become the decoder prompt after the start token
+    when no `decoder_input_ids` are given, as `transformers`' Whisper does. A row that
+    produces an end-of-sequence id is finished: its later tokens are the pad id, and
+    generation stops early once every row is finished, returning a shorter array.
 
     Arguments:
         model: the encoder-decoder model.
@@ -77,19 +87,14 @@ def generate_seq2seq(
         attention_mask: `(batch, src_len)`, 1 for tokens and 0 for padding.
         input_features: `(batch, num_mel_bins, frames)` log-mel features (Whisper).
         decoder_input_ids: `(batch, prompt_len)` or `(1, prompt_len)` decoder prompt ids.
-        do_sample: sample instead of greedy decoding.
-        temperature: divides the logits before sampling (positive).
-        top_k: with sampling, keep only the `top_k` most likely tokens.
-        top_p: with sampling, keep the most likely tokens up to probability `top_p` (0 to 1].
-        eos_token_id: the end-of-sequence token id, or several.
-        pad_token_id: the id written after a row's end of sequence.
-        suppress_tokens: token ids never generated.
-        begin_suppress_tokens: token ids not generated first.
-        key: the PRNG key for sampling.
+        other arguments: as `generate`'s (`do_sample`, `temperature`, `top_k`, `top_p`,
+            `min_p`, `repetition_penalty`, `min_new_tokens`, `max_length`, `min_length`,
+            `eos_token_id`, `pad_token_id`, `suppress_tokens`, `begin_suppress_tokens`,
+            `generation_config`, `output_scores`, `streamer`, `key`).
 
     Returns:
         `(batch, prompt_len + n)` int32 decoder ids: the prompt followed by
-        `n <= max_new_tokens` new tokens.
+        `n <= max_new_tokens` new tokens; with `output_scores`, a `GenerateOutput`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -119,59 +124,60 @@ def generate_seq2seq(
         )
     inputs = model.encoder_arrays(owner, given)
     batch = next(iter(inputs.values())).shape[0]
-    settings = _settings(
-        owner, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, pad_token_id
+    config = (
+        model_generation_config(model.config)
+        if generation_config is None
+        else dict(generation_config)
     )
-    if do_sample and key is None:
-        raise ValueError(f"{owner}: sampling (do_sample=True) needs `key=` (a PRNG key).")
-    suppress = _token_list(owner, "suppress_tokens", suppress_tokens)
-    begin = _token_list(owner, "begin_suppress_tokens", begin_suppress_tokens)
-    processing = dataclasses.replace(
-        _PLAIN, eos=settings.eos, pad=settings.pad, suppress=suppress, begin_suppress=begin
+    forced = config.pop("forced_decoder_ids", None)
+    prompt = _prompt(owner, model, decoder_input_ids, batch, forced)
+    call = {
+        "max_new_tokens": max_new_tokens,
+        "max_length": max_length,
+        "min_new_tokens": min_new_tokens,
+        "min_length": min_length,
+        "do_sample": do_sample,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "repetition_penalty": repetition_penalty,
+        "num_return_sequences": None,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+        "suppress_tokens": suppress_tokens,
+        "begin_suppress_tokens": begin_suppress_tokens,
+    }
+    vocab = int(model.config["vocab_size"])
+    s = generation_settings(
+        owner,
+        model.config,
+        call,
+        generation_config=config,
+        prompt_len=prompt.shape[1],
+        vocab_size=vocab,
     )
-    prompt = _prompt(owner, model, decoder_input_ids, batch)
     limit = model.max_positions()
-    if limit is not None and prompt.shape[1] + max_new_tokens > limit[1]:
+    if limit is not None and prompt.shape[1] + s.max_new_tokens > limit[1]:
         raise ValueError(
             f"{owner}: decoder prompt length {prompt.shape[1]} + max_new_tokens "
-            f"{max_new_tokens} exceeds the config's {limit[0]}={limit[1]} (the decoder has no "
+            f"{s.max_new_tokens} exceeds the config's {limit[0]}={limit[1]} (the decoder has no "
             "positions beyond it); shorten the prompt or max_new_tokens."
         )
-    tokens, steps = _run(model, inputs, prompt, key, settings, processing)
-    return tokens[:, : prompt.shape[1] + int(steps)]
+    keys = sampling_keys(owner, key, s, batch)
+    put = stream_put(owner, streamer)
+    if put is not None:
+        put(np.asarray(prompt))
+    tokens, scores, steps = _run(model, inputs, prompt, keys, s, put, vocab)
+    if put is not None:
+        streamer.end()
+    sequences = tokens[:, : prompt.shape[1] + int(steps)]
+    return GenerateOutput(sequences, scores[:, : int(steps)]) if output_scores else sequences
 
 
-# The processors generate_seq2seq applies: suppressed tokens only (set per call).
-_PLAIN = GenerationSettings(
-    max_new_tokens=1,
-    min_new_tokens=0,
-    do_sample=False,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    min_p=None,
-    repetition_penalty=1.0,
-    num_return_sequences=1,
-    eos=(),
-    pad=0,
-    suppress=(),
-    begin_suppress=(),
-)
-
-
-def _token_list(owner: str, name: str, ids: Any) -> tuple[int, ...]:
-    if ids is None:
-        return ()
-    values = tuple(ids) if isinstance(ids, Sequence) else None
-    if values is None or not all(
-        isinstance(i, int | np.integer) and not isinstance(i, bool) and i >= 0 for i in values
-    ):
-        raise ValueError(f"{owner}: `{name}` must be a list of token ids (ints >= 0); got {ids!r}.")
-    return tuple(int(i) for i in values)
-
-
-def _prompt(owner: str, model: Seq2SeqLM, decoder_input_ids: Any, batch: int) -> Array:
-    """The decoder prompt `(batch, prompt_len)`: given, or the start token, as `transformers`."""
+def _prompt(owner: str, model: Seq2SeqLM, decoder_input_ids: Any, batch: int, forced: Any) -> Array:
+    """The decoder prompt `(batch, prompt_len)`: given, or the start token followed by the
+    generation config's forced ids, as `transformers`."""
     start = model.decoder_start_token_id()
     if decoder_input_ids is None:
         if start is None:
@@ -179,7 +185,7 @@ def _prompt(owner: str, model: Seq2SeqLM, decoder_input_ids: Any, batch: int) ->
                 f"{owner}: the config names no decoder_start_token_id (nor bos_token_id); "
                 "pass decoder_input_ids."
             )
-        return jnp.full((batch, 1), start, jnp.int32)
+        return jnp.asarray([[start, *_forced(owner, forced)]] * batch, jnp.int32)
     ids, _, _ = token_inputs(owner, decoder_input_ids, None, None)
     if ids.shape[0] not in (1, batch):
         raise ValueError(
@@ -192,65 +198,57 @@ def _prompt(owner: str, model: Seq2SeqLM, decoder_input_ids: Any, batch: int) ->
     return ids
 
 
+def _forced(owner: str, forced: Any) -> list[int]:
+    """The ids of `forced_decoder_ids` (`[[1, id], [2, id], ...]`, positions after the start)."""
+    if forced is None:
+        return []
+    pairs = list(forced) if isinstance(forced, list | tuple) else None
+    ok = pairs is not None and all(
+        isinstance(p, list | tuple) and len(p) == 2 and p[0] == i + 1 and isinstance(p[1], int)
+        for i, p in enumerate(pairs)
+    )
+    if not ok:
+        raise ValueError(
+            f"{owner}: the generation config's forced_decoder_ids is {forced!r}; treemod reads "
+            "[[1, id], [2, id], ...] (the ids after the start token); pass decoder_input_ids."
+        )
+    return [int(p[1]) for p in pairs]  # type: ignore[union-attr]
+
+
 @filter_jit
 def _run(
     model: Seq2SeqLM,
     inputs: dict[str, Array],
     prompt: Array,
-    key: PRNGKeyArray | None,
-    s: _Settings,
-    processing: GenerationSettings,
-) -> tuple[Array, Array]:
-    """Encode, prefill the decoder prompt, then the decoding loop; tokens and steps taken."""
+    keys: PRNGKeyArray | None,
+    s: GenerationSettings,
+    put: Any,
+    vocab: int,
+) -> tuple[Array, Array, Array]:
+    """Encode, prefill the decoder prompt, then the decoding loop; the token buffer, the new
+    tokens' scores and the steps taken."""
     model = nn.inference_mode(model)  # at trace time: decoding drops nothing
     cross = model.cross_kv(model.encode(inputs))
     batch, prompt_len = prompt.shape
     max_len = prompt_len + s.max_new_tokens
-    valid = jnp.zeros((batch, max_len), bool).at[:, :prompt_len].set(True)
-    cache = KVCache.empty(model.cache_layout(), batch, max_len).at(jnp.int32(0), valid)
+    state = start_decoding(prompt, jnp.ones(prompt.shape, bool), keys, s, vocab)
+    cache = KVCache.empty(model.cache_layout(), batch, max_len).at(jnp.int32(0), state.valid)
     positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), prompt.shape)
     hidden, cache = model.decode(prompt, positions, cache, cross)
     logits = model.logits(hidden[:, -1]).astype(jnp.float32)
-    tokens = jnp.zeros((batch, max_len), jnp.int32).at[:, :prompt_len].set(prompt)
-    eos = jnp.asarray(s.eos, jnp.int32) if s.eos else None
+    state, token = choose_next(jnp.int32(0), state, logits, s, put)
 
-    def pick(
-        step: Array, tokens: Array, logits: Array, unfinished: Array, key: Any
-    ) -> tuple[Array, Array, Array, Any]:
-        sub = None
-        if s.do_sample:
-            key, sub = jax.random.split(key)
-        token = choose(
-            process(logits, processing, None, step),
-            do_sample=s.do_sample,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            key=sub,
-        )
-        if eos is not None:
-            token = jnp.where(unfinished, token, s.pad)
-            unfinished = unfinished & ~jnp.isin(token, eos)
-        tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, prompt_len + step))
-        return tokens, token, unfinished, key
+    def cond(loop: tuple[Any, ...]) -> Array:
+        return running(loop[0], loop[1], s)
 
-    unfinished = jnp.ones((batch,), bool)
-    tokens, token, unfinished, key = pick(jnp.int32(0), tokens, logits, unfinished, key)
-
-    def cond(state: tuple[Any, ...]) -> Array:
-        step: Array = state[0]
-        return (step < s.max_new_tokens) & jnp.any(state[4])
-
-    def body(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        step, tokens, cache, token, unfinished, key = state
+    def body(loop: tuple[Any, ...]) -> tuple[Any, ...]:
+        step, state, cache, token = loop
         slot = prompt_len + step - 1
-        valid = jnp.broadcast_to(jnp.arange(max_len) <= slot, (batch, max_len))
         position = jnp.full((batch, 1), slot, jnp.int32)
-        hidden, cache = model.decode(token[:, None], position, cache.at(slot, valid), cross)
+        hidden, cache = model.decode(token[:, None], position, cache.at(slot, state.valid), cross)
         logits = model.logits(hidden[:, -1]).astype(jnp.float32)
-        tokens, token, unfinished, key = pick(step, tokens, logits, unfinished, key)
-        return step + 1, tokens, cache, token, unfinished, key
+        state, token = choose_next(step, state, logits, s, put)
+        return step + 1, state, cache, token
 
-    state = (jnp.int32(1), tokens, cache, token, unfinished, key)
-    step, tokens, *_ = lax.while_loop(cond, body, state)
-    return tokens, step
+    step, state, *_ = lax.while_loop(cond, body, (jnp.int32(1), state, cache, token))
+    return state.tokens, state.scores, step

@@ -33,7 +33,15 @@ from treemod.models._hf_activations import hf_activation
 from treemod.models._seq2seq_parts import CrossKV, Encoded, Seq2SeqLM
 from treemod.models._t5_layers import T5Stack, build_stack
 
-__all__ = ["T5_VALUES", "T5EncoderModel", "T5ForConditionalGeneration", "T5Model"]
+__all__ = [
+    "CROSS_BIAS",
+    "T5_VALUES",
+    "T5EncoderModel",
+    "T5ForConditionalGeneration",
+    "T5Model",
+    "shift_right",
+    "t5_values",
+]
 
 T5_VALUES: dict[str, Value] = {
     "vocab_size": Value(32128, "size"),
@@ -67,10 +75,10 @@ _ALIASES = {
     "num_hidden_layers": "num_layers",
     "head_dim": "d_kv",
 }
-_CROSS_BIAS = r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"
+CROSS_BIAS = r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight"
 
 
-def _values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
+def t5_values(owner: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The config read as `T5Config` reads it, checked, with the derived values set."""
     v = read_config(owner, config, T5_VALUES, _ALIASES)
     if v["num_decoder_layers"] is None:
@@ -113,7 +121,7 @@ def _encoder_mask(mask: Array | None) -> Array | None:
     return None if mask is None else mask[:, None, None, :]
 
 
-def _shift_right(owner: str, labels: Array, v: Mapping[str, Any]) -> Array:
+def shift_right(owner: str, labels: Array, v: Mapping[str, Any]) -> Array:
     """`labels` moved one step right after `decoder_start_token_id`, -100 made `pad_token_id`."""
     start, pad = v["decoder_start_token_id"], v["pad_token_id"]
     if start is None or pad is None:
@@ -137,7 +145,7 @@ class _T5Base(PretrainedModel):
     @classmethod
     def _read(cls, config: Mapping[str, Any] | PretrainedConfig) -> tuple[PretrainedConfig, Any]:
         config = PretrainedConfig(config)
-        return config, _values(cls.__name__, config)
+        return config, t5_values(cls.__name__, config)
 
     def _encode(self, input_ids: Any, attention_mask: Any, key: PRNGKeyArray | None) -> Encoded:
         ids, mask, _ = token_inputs(type(self).__name__, input_ids, attention_mask, None)
@@ -201,7 +209,7 @@ class T5Model(_T5EncoderDecoder):
     """
 
     architecture: ClassVar[str] = "T5Model"
-    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (_CROSS_BIAS,)
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (CROSS_BIAS,)
 
     @classmethod
     def from_config(
@@ -272,7 +280,7 @@ class T5ForConditionalGeneration(_T5EncoderDecoder, Seq2SeqLM):
     """
 
     architecture: ClassVar[str] = "T5ForConditionalGeneration"
-    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (_CROSS_BIAS,)
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (CROSS_BIAS,)
     encoder_inputs: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask")
 
     lm_head: nn.Linear | None
@@ -343,7 +351,7 @@ class T5ForConditionalGeneration(_T5EncoderDecoder, Seq2SeqLM):
         if decoder_input_ids is None and labels is not None:
             owner = type(self).__name__
             ids, _, _ = token_inputs(owner, labels, None, None)
-            decoder_input_ids = _shift_right(owner, ids, _values(owner, self.config))
+            decoder_input_ids = shift_right(owner, ids, t5_values(owner, self.config))
         k_enc, k_dec = split_key(key, 2)
         encoded = self._encode(input_ids, attention_mask, k_enc)
         hidden = self._decode(encoded, decoder_input_ids, decoder_attention_mask, k_dec)

@@ -26,7 +26,7 @@ from treemod.models._base import (
     register_architecture,
 )
 from treemod.models._config_values import num_labels
-from treemod.models._t5 import _CROSS_BIAS, T5EncoderModel, T5Model, _shift_right, _values
+from treemod.models._t5 import CROSS_BIAS, T5EncoderModel, T5Model, shift_right, t5_values
 
 __all__ = ["T5ClassificationHead", "T5ForSequenceClassification", "T5ForTokenClassification"]
 
@@ -76,7 +76,7 @@ class T5ForSequenceClassification(PretrainedModel):
     architecture: ClassVar[str] = "T5ForSequenceClassification"
     model_type: ClassVar[str] = "t5"
     base_model_prefix: ClassVar[str] = "transformer"
-    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (_CROSS_BIAS,)
+    keys_to_ignore_on_load_unexpected: ClassVar[tuple[str, ...]] = (CROSS_BIAS,)
 
     transformer: T5Model
     classification_head: T5ClassificationHead
@@ -97,7 +97,7 @@ class T5ForSequenceClassification(PretrainedModel):
         """
         config = PretrainedConfig(config)
         owner = cls.__name__
-        v = _values(owner, config)
+        v = t5_values(owner, config)
         if isinstance(v["eos_token_id"], bool) or not isinstance(v["eos_token_id"], int):
             raise config_error(owner, "eos_token_id", v["eos_token_id"], "one token id (an int)")
         labels = num_labels(owner, config)
@@ -139,9 +139,9 @@ class T5ForSequenceClassification(PretrainedModel):
         """
         owner = type(self).__name__
         ids, _, _ = token_inputs(owner, input_ids, None, None)
-        v = _values(owner, self.config)
+        v = t5_values(owner, self.config)
         if decoder_input_ids is None:
-            decoder_input_ids = _shift_right(owner, ids, v)
+            decoder_input_ids = shift_right(owner, ids, v)
         k_body, k_head = split_key(key, 2)
         hidden = self.transformer(
             input_ids=ids,
@@ -199,7 +199,7 @@ class T5ForTokenClassification(PretrainedModel):
             The model, in inference mode.
         """
         config = PretrainedConfig(config)
-        v = _values(cls.__name__, config)
+        v = t5_values(cls.__name__, config)
         labels = num_labels(cls.__name__, config)
         dtype = jnp.float32 if dtype is None else dtype
         k_body, k_head = jax.random.split(key)

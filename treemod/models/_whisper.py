@@ -308,7 +308,7 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
         return self.model.encoder, self.model.decoder
 
     @classmethod
-    def peft_task_type(cls) -> str | None:  # type: ignore[override]
+    def peft_task_type(cls) -> str | None:
         """None: PEFT's `SEQ_2_SEQ_LM` wrapper passes `input_ids`, which Whisper does not take
         (PEFT's Whisper recipes set no task type)."""
         return None
