@@ -68,6 +68,7 @@ from treemod._sharding.rules import (
     tensor_parallel_rules,
 )
 from treemod._sharding.place import model_shardings, shard
+from treemod._sharding.init import sharded_init
 
 # Shape checks. `ShapeCheckError` is made at its first lookup (it subclasses jaxtyping's error,
 # and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.
@@ -212,6 +213,7 @@ __all__ = [
     "logical_axes",
     "model_shardings",
     "shard",
+    "sharded_init",
     "tensor_parallel_rules",
     # Shape checks.
     "ShapeCheckError",
