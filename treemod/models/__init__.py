@@ -20,7 +20,18 @@ from treemod.models._pretrained_save import save_pretrained
 from treemod.models._tokenizer import Tokenizer
 
 # The zoo (importing each module registers its architectures).
-from treemod.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
+from treemod.models.bert import (
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from treemod.models.distilbert import (
+    DistilBertForMaskedLM,
+    DistilBertForSequenceClassification,
+    DistilBertForTokenClassification,
+    DistilBertModel,
+)
 from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
 from treemod.models.llama import LlamaForCausalLM, LlamaModel
 from treemod.models.llama_variants import (
@@ -28,6 +39,12 @@ from treemod.models.llama_variants import (
     MistralModel,
     Qwen2ForCausalLM,
     Qwen2Model,
+)
+from treemod.models.mpnet import (
+    MPNetForMaskedLM,
+    MPNetForSequenceClassification,
+    MPNetForTokenClassification,
+    MPNetModel,
 )
 from treemod.models.resnet import ResNetForImageClassification, ResNetModel
 from treemod.models.resnet_torchvision import (
@@ -43,24 +60,79 @@ from treemod.models.resnet_torchvision import (
     wide_resnet50_2,
     wide_resnet101_2,
 )
+from treemod.models.roberta import (
+    RobertaForMaskedLM,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
+    RobertaModel,
+)
+from treemod.models.t5 import (
+    Seq2SeqLM,
+    T5EncoderModel,
+    T5ForConditionalGeneration,
+    T5ForSequenceClassification,
+    T5ForTokenClassification,
+    T5Model,
+    generate_seq2seq,
+)
 from treemod.models.vit import ViTForImageClassification, ViTModel
+from treemod.models.whisper import (
+    WhisperForAudioClassification,
+    WhisperForConditionalGeneration,
+    WhisperModel,
+    log_mel_features,
+)
+from treemod.models.xlm_roberta import (
+    XLMRobertaForMaskedLM,
+    XLMRobertaForSequenceClassification,
+    XLMRobertaForTokenClassification,
+    XLMRobertaModel,
+)
 
 __all__ = [
     # Loading and saving.
     "from_pretrained",
     "save_pretrained",
     "generate",
+    "generate_seq2seq",
     "generate_text",
+    "log_mel_features",
     "GenerateOutput",
     "Tokenizer",
     # Building blocks of the zoo.
     "CausalLM",
+    "Seq2SeqLM",
     "PretrainedConfig",
     "PretrainedModel",
     "config_error",
     "register_architecture",
     "registered_architectures",
     # The zoo.
+    "BertForTokenClassification",
+    "DistilBertForMaskedLM",
+    "DistilBertForSequenceClassification",
+    "DistilBertForTokenClassification",
+    "DistilBertModel",
+    "MPNetForMaskedLM",
+    "MPNetForSequenceClassification",
+    "MPNetForTokenClassification",
+    "MPNetModel",
+    "RobertaForMaskedLM",
+    "RobertaForSequenceClassification",
+    "RobertaForTokenClassification",
+    "RobertaModel",
+    "T5EncoderModel",
+    "T5ForConditionalGeneration",
+    "T5ForSequenceClassification",
+    "T5ForTokenClassification",
+    "T5Model",
+    "WhisperForAudioClassification",
+    "WhisperForConditionalGeneration",
+    "WhisperModel",
+    "XLMRobertaForMaskedLM",
+    "XLMRobertaForSequenceClassification",
+    "XLMRobertaForTokenClassification",
+    "XLMRobertaModel",
     "BertForMaskedLM",
     "BertForSequenceClassification",
     "BertModel",
