@@ -136,7 +136,8 @@ class LoRALinear(LoRALayer):
         """Wrap one layer: A kaiming-uniform (a=sqrt(5), PEFT's default), B zero.
 
         Arguments:
-            base: a `Linear` (or a layer with a 2-D `(in, out)` weight if `fan_in_fan_out`).
+            base: a `Linear`, a quantised linear layer of `treemod.quant` (QLoRA), or a layer
+                with a 2-D `(in, out)` weight if `fan_in_fan_out`.
             r: the rank.
             alpha: `lora_alpha`.
             dropout: `lora_dropout`.
@@ -148,8 +149,11 @@ class LoRALinear(LoRALayer):
             The wrapped layer.
         """
         w = base.weight
-        n_out, n_in = (w.shape[-1], w.shape[-2]) if fan_in_fan_out else w.shape[-2:]
-        dtype = w.dtype
+        if isinstance(base, Linear) or fan_in_fan_out:
+            n_out, n_in = (w.shape[-1], w.shape[-2]) if fan_in_fan_out else w.shape[-2:]
+            dtype = w.dtype
+        else:  # a quantised layer (`treemod.quant`): its weight is packed integers
+            n_out, n_in, dtype = base.out_features, base.in_features, base.dtype
         lora_a = Linear(n_in, r, use_bias=False, dtype=dtype, key=key)
         lora_b = Linear(r, n_out, use_bias=False, dtype=dtype, weight_init=_init.zeros, key=key)
         return cls(

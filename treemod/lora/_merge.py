@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from treemod._tree.filters import is_inexact_array
@@ -33,6 +34,12 @@ def _rebuilt(module: Any, **changes: Any) -> Any:
 
 def _with_weight(layer: LoRALayer, sign: float) -> Any:
     base = layer.base_layer
+    if not jnp.issubdtype(base.weight.dtype, jnp.inexact):
+        raise ValueError(
+            f"merge: a {type(layer).__name__}'s base_layer is a {type(base).__name__} whose "
+            f"weight holds {base.weight.dtype} (quantised) values, which cannot take the "
+            "update exactly; call treemod.quant.dequantise(model) first, then merge."
+        )
     delta = layer.delta_weight().astype(base.weight.dtype)
     return _rebuilt(base, weight=base.weight + sign * delta)
 

@@ -24,6 +24,7 @@ from ._layers import LoRAConv, LoRALayer, LoRALinear
 __all__ = [
     "add_lora",
     "check_hyperparameters",
+    "check_targets",
     "matches_target",
     "rewrite_named",
     "wrap_targets",
@@ -71,10 +72,12 @@ def check_hyperparameters(
     return int(r), plain_alpha, float(dropout), bool(use_rslora)
 
 
-def _check_rank(node: Any, name: str, r: int) -> None:
-    if not hasattr(node, "weight") or getattr(node.weight, "ndim", 0) < 2:
+def _check_rank(node: Any, name: str, r: int, quantised: type[Any] | None) -> None:
+    if quantised is not None and isinstance(node, quantised):
+        fan_in, fan_out = int(node.in_features), int(node.out_features)
+    elif not hasattr(node, "weight") or getattr(node.weight, "ndim", 0) < 2:
         return
-    if isinstance(node, Conv):
+    elif isinstance(node, Conv):
         fan_in = int(node.in_channels) * int(np.prod(node.kernel_size))
         fan_out = int(node.out_channels)
     else:
@@ -111,6 +114,26 @@ def matches_target(target_modules: Targets, name: str) -> bool:
     return name in target_modules or any(name.endswith(f".{t}") for t in target_modules)
 
 
+def check_targets(target_modules: Any, caller: str = "add_lora") -> str | list[str]:
+    """`target_modules` as a compiled-checked regular expression or a list of names; else a
+    `ValueError` naming `caller` and the value."""
+    if isinstance(target_modules, str):
+        try:
+            re.compile(target_modules)
+        except (re.error, RecursionError, OverflowError) as e:
+            raise ValueError(
+                f"{caller}: `target_modules` {target_modules!r} is not a regular expression "
+                f"({e}); pass a valid one, or a list of module names."
+            ) from None
+        return target_modules
+    if isinstance(target_modules, bytes) or not all(isinstance(t, str) for t in target_modules):
+        raise ValueError(
+            f"{caller}: `target_modules` must be a regular expression (str) or a list of "
+            f"module names (str); got {target_modules!r}."
+        )
+    return list(target_modules)
+
+
 def _is_leaf(node: Any) -> bool:
     if node is None or is_tensor(node) or isinstance(node, State):
         return True
@@ -127,17 +150,20 @@ def _restack(stack: Stack, layers: list[Any]) -> Stack:
     return new
 
 
-def rewrite_named(node: Any, visit: Callable[[Any, str], Any], prefix: str = "") -> Any:
+def rewrite_named(
+    node: Any, visit: Callable[[Any, str], Any], prefix: str = "", caller: str = "add_lora"
+) -> Any:
     """`node` with each sub-module for which `visit(module, name)` returns something other
     than `None` replaced by that; names are `treemod.state_dict`'s (a `Stack`'s layers are
-    visited one by one as `prefix.0`, `prefix.1`, ... and stacked again)."""
+    visited one by one as `prefix.0`, `prefix.1`, ... and stacked again). `caller` names the
+    public function in the error for a `Stack` rewritten in only some of its layers."""
     new = visit(node, prefix)
     if new is not None:
         return new
     if _is_leaf(node):
         return node
     entries = entries_of(node, NATIVE_HOOKS)
-    rewritten = {k: rewrite_named(v, visit, join(prefix, k)) for k, v in entries.items()}
+    rewritten = {k: rewrite_named(v, visit, join(prefix, k), caller) for k, v in entries.items()}
     if all(rewritten[k] is v for k, v in entries.items()):
         return node
     if isinstance(node, Stack):
@@ -146,7 +172,7 @@ def rewrite_named(node: Any, visit: Callable[[Any, str], Any], prefix: str = "")
         if len(structures) > 1:
             where = repr(prefix) if prefix else "the model's root"
             raise ValueError(
-                f"add_lora: target_modules selects a layer in some but not all layers of the "
+                f"{caller}: target_modules selects a layer in some but not all layers of the "
                 f"Stack at {where}; a Stack's layers share one structure, so select the same "
                 "modules in each (e.g. match by module name rather than by layer index)."
             )
@@ -154,11 +180,12 @@ def rewrite_named(node: Any, visit: Callable[[Any, str], Any], prefix: str = "")
     return from_entries(node, rewritten, NATIVE_HOOKS)
 
 
-def _gpt2_conv1d() -> type | None:
+def _loaded_class(module_name: str, name: str) -> type[Any] | None:
+    """A class of a higher layer if its module is loaded (a model can hold one only then)."""
     import sys
 
-    module = sys.modules.get("treemod.models.gpt2")
-    return getattr(module, "Conv1D", None) if module is not None else None
+    module = sys.modules.get(module_name)
+    return getattr(module, name, None) if module is not None else None
 
 
 def add_lora(
@@ -229,22 +256,9 @@ def wrap_targets(
     """`add_lora`; with `bound_rank=False` a rank above a layer's dimensions is allowed
     (`load_adapter`, whose rank is that of the file's tensors, which it has checked)."""
     r, alpha, dropout, use_rslora = check_hyperparameters(r, alpha, dropout, use_rslora)
-    if isinstance(target_modules, str):
-        try:
-            re.compile(target_modules)
-        except (re.error, RecursionError, OverflowError) as e:
-            raise ValueError(
-                f"add_lora: `target_modules` {target_modules!r} is not a regular expression "
-                f"({e}); pass a valid one, or a list of module names."
-            ) from None
-    else:
-        if isinstance(target_modules, bytes) or not all(isinstance(t, str) for t in target_modules):
-            raise ValueError(
-                "add_lora: `target_modules` must be a regular expression (str) or a list of "
-                f"module names (str); got {target_modules!r}."
-            )
-        target_modules = list(target_modules)
-    conv1d = _gpt2_conv1d()
+    target_modules = check_targets(target_modules)
+    conv1d = _loaded_class("treemod.models.gpt2", "Conv1D")
+    quantised = _loaded_class("treemod.quant._layers", "QuantLinear")
     found: list[str] = []
     counter = iter(range(1 << 62))
 
@@ -257,11 +271,13 @@ def wrap_targets(
         k = jax.random.fold_in(key, next(counter))
         common: dict[str, Any] = dict(r=r, alpha=alpha, dropout=dropout, use_rslora=use_rslora)
         if bound_rank:
-            _check_rank(node, name, r)
+            _check_rank(node, name, r, quantised)
         if isinstance(node, Linear):
             if node.in_features == "scalar" or node.out_features == "scalar":
                 raise ValueError(f"add_lora: the Linear at {name!r} has a scalar input or output.")
             return LoRALinear.wrap(node, key=k, **common)
+        if quantised is not None and isinstance(node, quantised):
+            return LoRALinear.wrap(node, key=k, **common)  # QLoRA: a frozen quantised base
         if conv1d is not None and isinstance(node, conv1d):
             return LoRALinear.wrap(node, fan_in_fan_out=True, key=k, **common)
         if isinstance(node, Conv):

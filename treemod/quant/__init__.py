@@ -1,0 +1,12 @@
+"""`treemod.quant`: weight-only quantisation (int8, NF4, int4) by PEFT's `target_modules`.
+
+`quantise` replaces the selected `Linear` layers with `Int8Linear`, `NF4Linear` or
+`Int4Linear`, whose matmul dequantises a slice of rows at a time inside the compiled program;
+`dequantise` gives the float model back. `treemod.lora.add_lora` adapts quantised layers
+(QLoRA).
+"""
+
+from treemod.quant._layers import Int4Linear, Int8Linear, NF4Linear, QuantLinear
+from treemod.quant._quantise import dequantise, quantise
+
+__all__ = ["Int4Linear", "Int8Linear", "NF4Linear", "QuantLinear", "dequantise", "quantise"]
