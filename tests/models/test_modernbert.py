@@ -151,7 +151,7 @@ def test_equals_transformers_on_left_padded_batches(name: str, attn: str) -> Non
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_state_dict_names_are_transformers_names(name: str) -> None:
     hf = _hf(name, TINY)
-    model = CLASSES[name][0].from_config(TINY, key=jax.random.key(0))
+    model = _ours(name, hf)  # strict: every file name and no other
     assert set(tm.state_dict(model)) | set(model.tied_weights()) == set(hf.state_dict())
 
 
