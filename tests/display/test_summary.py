@@ -16,15 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from digits_cnn import CNN  # noqa: E402
 
 
-def _xla_flops(fn, *args) -> float:  # type: ignore[no-untyped-def]
-    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+def _xla_flops(fn, *args, compiled: bool = False) -> float:  # type: ignore[no-untyped-def]
+    lowered = jax.jit(fn).lower(*args)
+    analysis = lowered.compile().cost_analysis() if compiled else lowered.cost_analysis()
     return float(analysis["flops"])
 
 
-def test_mlp_counts_shapes_and_flops_match_plain_jax() -> None:
+@pytest.mark.parametrize("flops", ["lowered", "compiled"])
+def test_mlp_counts_shapes_and_flops_match_plain_jax(flops: str) -> None:
     mlp = nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
     x = jnp.ones((3, 4))
-    s = tm.summary(mlp, x)
+    s = tm.summary(mlp, x, flops=flops)  # type: ignore[arg-type]
+    compiled = flops == "compiled"
     rows = {r.path: r for r in s.rows}
     assert list(rows) == ["(root)", ".layers[0]", ".layers[1]"]
     assert (rows[".layers[0]"].params, rows[".layers[1]"].params) == (4 * 8 + 8, 8 * 2 + 2)
@@ -36,8 +39,18 @@ def test_mlp_counts_shapes_and_flops_match_plain_jax() -> None:
     def plain(x, w0, b0, w1, b1):  # type: ignore[no-untyped-def]
         return jax.nn.relu(x @ w0.T + b0[None]) @ w1.T + b1[None]
 
-    assert s.flops == _xla_flops(plain, x, w0, b0, w1, b1)
-    assert rows[".layers[0]"].flops == _xla_flops(lambda x, w, b: x @ w.T + b[None], x, w0, b0)
+    assert s.flops == _xla_flops(plain, x, w0, b0, w1, b1, compiled=compiled)
+    first = _xla_flops(lambda x, w, b: x @ w.T + b[None], x, w0, b0, compiled=compiled)
+    assert rows[".layers[0]"].flops == first
+
+
+def test_flops_none_leaves_them_out_and_a_bad_value_is_named() -> None:
+    mlp = nn.MLP(4, 2, 8, 1, key=jax.random.key(0))
+    s = tm.summary(mlp, jnp.ones((3, 4)), flops=None)
+    assert s.flops is None and all(r.flops is None for r in s.rows)
+    assert str(s).splitlines()[-1].rstrip().endswith("-")
+    with pytest.raises(ValueError, match="summary: flops must be 'lowered', 'compiled' or None"):
+        tm.summary(mlp, jnp.ones((3, 4)), flops="fast")  # type: ignore[arg-type]
 
 
 def test_digits_cnn_counts_match_the_demo_table() -> None:

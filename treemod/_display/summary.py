@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import html
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.tree_util as jtu
@@ -46,11 +46,11 @@ class ModelSummary:
 
     Attributes:
         rows: one `SummaryRow` per module, in tree order (the root first).
-        flops: XLA's FLOP count of the whole call.
+        flops: XLA's FLOP count of the whole call (None with `flops=None`).
     """
 
     rows: tuple[SummaryRow, ...]
-    flops: float
+    flops: float | None
 
     _HEADER = ("path", "type", "outputs", "params", "state", "bytes", "FLOPs")
 
@@ -69,7 +69,7 @@ class ModelSummary:
             for r in self.rows
         ]
         total = ("total", "", "", f"{root.params:,}", f"{root.state:,}", f"{root.bytes:,}")
-        return [*cells, (*total, f"{self.flops:,.0f}")]
+        return [*cells, (*total, "-" if self.flops is None else f"{self.flops:,.0f}")]
 
     def __str__(self) -> str:
         rows = [self._HEADER, *self._cells()]
@@ -119,8 +119,9 @@ def _is_dynamic(x: Any) -> bool:
     return isinstance(x, jax.ShapeDtypeStruct) or is_array(x)
 
 
-def _cost(fn: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> float:
-    """XLA's FLOP count of `fn(module, *args, **kwargs)`, arrays abstract, the rest static."""
+def _cost(fn: Callable[..., Any], module: Any, args: Any, kwargs: Any, compiled: bool) -> float:
+    """XLA's FLOP count of `fn(module, *args, **kwargs)`, arrays abstract, the rest static: of
+    the lowered program, or (`compiled`) of the program XLA optimised."""
     dyn, static = partition((module, args, kwargs), _is_dynamic)
     dyn = jtu.tree_map(_abstract, dyn)
 
@@ -128,7 +129,8 @@ def _cost(fn: Callable[..., Any], module: Any, args: Any, kwargs: Any) -> float:
         m, a, k = combine(dyn, static)
         return fn(m, *a, **k)
 
-    analysis = jax.jit(call).lower(dyn).compile().cost_analysis()
+    lowered = jax.jit(call).lower(dyn)
+    analysis = lowered.compile().cost_analysis() if compiled else lowered.cost_analysis()
     if isinstance(analysis, list | tuple):  # older jax: one dict per computation
         analysis = analysis[0] if analysis else {}
     return float((analysis or {}).get("flops", 0.0))
@@ -139,19 +141,27 @@ def _run(module: Any, *args: Any, **kwargs: Any) -> Any:
     return stateful(module)(*args, **kwargs)[0]
 
 
-def summary(model: Any, *example_args: Any, **example_kwargs: Any) -> ModelSummary:
+def summary(
+    model: Any,
+    *example_args: Any,
+    flops: Literal["lowered", "compiled", None] = "lowered",
+    **example_kwargs: Any,
+) -> ModelSummary:
     """A table per module path: type, output shapes, parameters, state, bytes and FLOPs.
 
     The model is called once on the example arguments under `jax.eval_shape` (abstract: no
     computation, and `jax.ShapeDtypeStruct` arguments work), recording what each submodule's
     call returned; the model is not changed. FLOPs are XLA's cost analysis of each module's
-    call compiled alone, and of the whole call for the total. A module that the call never
+    call lowered alone (no compilation: fast), and of the whole call for the total;
+    `flops="compiled"` analyses the programs XLA optimised instead (slower: each is compiled),
+    and `flops=None` leaves FLOPs out. A module that the call never
     runs directly (a layer inside `nn.Stack`'s scan, say) shows `-`. Parameter, state and
     byte counts are those of `treemod.tree_summary` (arrays inside `State` are state).
 
     Arguments:
         model: the model (any `treemod.Module`).
         *example_args: arguments for the call (arrays or `jax.ShapeDtypeStruct`s).
+        flops: `"lowered"` (the default), `"compiled"` or None (see above).
         **example_kwargs: keyword arguments for the call.
 
     Returns:
@@ -169,6 +179,8 @@ def summary(model: Any, *example_args: Any, **example_kwargs: Any) -> ModelSumma
     """
     if not isinstance(model, Module):
         raise TypeError(f"summary: expected a treemod Module, got {type(model).__name__}.")
+    if flops not in ("lowered", "compiled", None):
+        raise ValueError(f"summary: flops must be 'lowered', 'compiled' or None; got {flops!r}.")
     modules = list(_modules(model))
     paths = {id(m): p for p, m in modules}
     records: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
@@ -204,11 +216,16 @@ def summary(model: Any, *example_args: Any, **example_kwargs: Any) -> ModelSumma
     for path, module in modules:
         params, state, nbytes = count_arrays(module, in_state=False)
         record = records.get(path)
-        outputs, flops = "-", None
+        outputs, cost = "-", None
         if record is not None:
             out, args, kwargs = record
             outputs = _shapes(out)
-            flops = _cost(_run, module, args, kwargs)
-        rows.append(SummaryRow(path, type(module).__name__, outputs, params, state, nbytes, flops))
-    total = _cost(_run, model, example_args, example_kwargs)
+            if flops is not None:
+                cost = _cost(_run, module, args, kwargs, flops == "compiled")
+        rows.append(SummaryRow(path, type(module).__name__, outputs, params, state, nbytes, cost))
+    total = (
+        None
+        if flops is None
+        else _cost(_run, model, example_args, example_kwargs, flops == "compiled")
+    )
     return ModelSummary(tuple(rows), total)
