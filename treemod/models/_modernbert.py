@@ -434,7 +434,9 @@ class ModernBertForSequenceClassification(_Classifier):
     """ModernBERT with a classifier (`transformers.ModernBertForSequenceClassification`).
 
     Pools by `classifier_pooling`: `"cls"` the first token, `"mean"` the mean over the tokens
-    `attention_mask` marks. Returns `logits` `(batch, num_labels)`.
+    `attention_mask` marks. Returns `logits` `(batch, num_labels)`. With `"cls"`, pad on the
+    right (the tokenizer's side): a left-padded row's first token is padding, whose value
+    `transformers`' eager and SDPA attention give differently (treemod gives eager's).
 
     Example:
         >>> import jax, jax.numpy as jnp
