@@ -261,3 +261,18 @@ def test_a_weights_file_with_tensors_of_no_rank_is_refused_by_tensor(tmp_path: P
         tm.CheckpointError, match=r"tensor 'base_model.model.0.lora_A.weight' .* has shape \[2\]"
     ):
         lora.load_adapter(_model(), tmp_path)
+
+
+def test_a_model_with_top_level_arrays_saves_its_adapters(tmp_path: Path) -> None:
+    class Scaled(tm.Module):
+        scale: jax.Array
+        proj: nn.Linear
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.scale * self.proj(x)
+
+    model = Scaled(jnp.ones(()), nn.Linear(4, 4, key=jax.random.key(0)))
+    tuned = lora.add_lora(model, ["proj"], r=2, alpha=2, key=jax.random.key(1))
+    lora.save_adapter(tuned, tmp_path)
+    back = lora.load_adapter(model, tmp_path)
+    assert jnp.array_equal(back.proj.lora_A.weight, tuned.proj.lora_A.weight)

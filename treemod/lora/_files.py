@@ -67,6 +67,13 @@ def _adapted(model: Any) -> dict[str, LoRALayer]:
     return found
 
 
+def _is_adapter(name: str, layers: dict[str, LoRALayer]) -> bool:
+    """Whether `name` is an adapter tensor (`<layer>.lora_A.weight`) of one of `layers`; names
+    with fewer parts (a model's top-level `logit_scale`) are not."""
+    parts = name.rsplit(".", 2)
+    return len(parts) == 3 and f".{parts[1]}." in _PARTS and parts[0] in layers
+
+
 def _one(values: set[Any], what: str) -> Any:
     if len(values) != 1:
         raise ValueError(
@@ -126,8 +133,7 @@ def save_adapter(
     tensors = {
         PREFIX + name: value
         for name, value in state_dict(model).items()
-        if any(f".{name.rsplit('.', 2)[-2]}." in p for p in _PARTS)
-        and name.rsplit(".", 2)[0] in layers
+        if _is_adapter(name, layers)
     }
     fan = {isinstance(m, LoRALinear) and m.fan_in_fan_out for m in layers.values()}
     config = {
