@@ -58,6 +58,7 @@ from treemod._transforms.closure_convert import filter_closure_convert
 from treemod._transforms.caches import clear_caches
 from treemod._transforms.axis_specs import if_array
 from treemod._transforms.vmap import filter_vmap
+from treemod._transforms.shard_map import filter_shard_map
 
 # Sharding by logical axis names.
 from treemod._sharding.axes import axis_names, logical_axes
@@ -199,6 +200,7 @@ __all__ = [
     "filter_pmap",
     "filter_pure_callback",
     "filter_shard",
+    "filter_shard_map",
     "filter_value_and_grad",
     "filter_vjp",
     "filter_vmap",

@@ -8,6 +8,10 @@ makes a version: one `jax.jit` of a function that rebuilds the arguments and cal
 wrapped function (`_new_version`). An output with non-array leaves comes back as a
 `HeldPacked` with only arrays as leaves, which keeps JAX's C++ dispatch path, and is rebuilt
 after the call; nothing blocks.
+
+`in_shardings=`/`out_shardings=` cost nothing per call: a version is made with the input
+shardings of its array leaves (`jax.jit`'s `in_shardings`) and constrains its outputs inside
+the trace, so the call path is the same with or without them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from treemod._transforms.jit_cache import (
 from treemod._transforms.jit_sharing import share
 from treemod._transforms.leaves import merge_leaves, pack_output, unpack_output
 from treemod._transforms.roll import trace_maybe_rolled
+from treemod._transforms.shard import filter_shard
 from treemod._transforms.unhashable import unhashable_error
 from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
@@ -44,6 +49,37 @@ Donate = Literal["all", "all-except-first", "warn", "warn-except-first", "none"]
 _DONATE_MODES = ("all", "all-except-first", "warn", "warn-except-first", "none")
 UNUSED_DONATION = "Some donated buffers were not usable"
 _flatten = jtu.tree_flatten
+
+
+def _is_placement(x: Any) -> bool:
+    return x is None or isinstance(x, jax.sharding.Sharding)
+
+
+def _hashable(shardings: Any) -> Any:
+    """A hashable stand-in for a shardings prefix (dicts included), for the sharing key."""
+    leaves, treedef = jtu.tree_flatten(shardings, is_leaf=_is_placement)
+    return treedef, tuple(leaves)
+
+
+def _arg_shardings(in_shardings: Any, args_def: Any) -> list[Any]:
+    """One sharding (or `None`, unspecified) per leaf of the positional arguments."""
+    per_leaf: list[Any] = [None] * args_def.num_leaves
+    numbered = args_def.unflatten(range(args_def.num_leaves))
+
+    def assign(sharding: Any, sub: Any) -> None:
+        for i in jtu.tree_leaves(sub):
+            per_leaf[i] = sharding
+
+    if _is_placement(in_shardings):
+        in_shardings = (in_shardings,) * len(args_def.children())
+    try:
+        jtu.tree_map(assign, in_shardings, numbered, is_leaf=_is_placement)
+    except ValueError as e:
+        raise ValueError(
+            "filter_jit(in_shardings=...) must be a Sharding or a pytree prefix of the "
+            f"positional arguments (a tuple, one entry per argument): {e}"
+        ) from None
+    return per_leaf
 
 
 def _raise_check_error(error: Exception) -> None:
@@ -93,13 +129,24 @@ class JitWrapped(TransformedFunction[P, R]):
         (Array([2., 2.], dtype=float32), 1)
     """
 
-    def __init__(self, fn: Callable[P, R], donate: str, explain_retraces: bool | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        donate: str,
+        explain_retraces: bool | None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+    ) -> None:
         self._fn: Any = fn
         self._fn_tree, call = split_fn(fn)
         self._donate = donate
         self._explain = explain_retraces
+        self._shardings = (in_shardings, out_shardings)
         self._name = function_name(fn)
-        self._cache, self._caller = share(fn, self._fn_tree, call, (donate, explain_retraces))
+        options: tuple[Any, ...] = (donate, explain_retraces)
+        if in_shardings is not None or out_shardings is not None:
+            options += (_hashable(in_shardings), _hashable(out_shardings))
+        self._cache, self._caller = share(fn, self._fn_tree, call, options)
         self._versions = self._cache.versions
         self._wraps(fn)
 
@@ -158,7 +205,7 @@ class JitWrapped(TransformedFunction[P, R]):
         Returns:
             A new `JitWrapped` of the same function and options.
         """
-        new: JitWrapped[P, R] = JitWrapped(self._fn, self._donate, self._explain)
+        new: JitWrapped[P, R] = JitWrapped(self._fn, self._donate, self._explain, *self._shardings)
         new._cache = JitCache(max_traces)
         new._versions = new._cache.versions
         return new
@@ -206,10 +253,14 @@ class JitWrapped(TransformedFunction[P, R]):
         # Only what the trace needs: a reference to `self` (or to a module held by `self._fn`)
         # would keep the wrapper, or the module's arrays, alive as long as the cache.
         caller, name, flag = self._caller, self._name, self._explain
+        in_shardings, out_shardings = self._shardings
 
         def run(dynamic: list[Any]) -> Any:
             fn_tree, args, kwargs = treedef.unflatten(merge_leaves(mask, dynamic, static))
-            return pack_output(caller(fn_tree, args, kwargs), held=True)
+            out = caller(fn_tree, args, kwargs)
+            if out_shardings is not None:
+                out = filter_shard(out, out_shardings)
+            return pack_output(out, held=True)
 
         def traced(dynamic: list[Any]) -> Any:
             count.record(name, flag, lambda: (treedef, mask, static, tuple(map(aval_of, dynamic))))
@@ -218,15 +269,22 @@ class JitWrapped(TransformedFunction[P, R]):
             return trace_maybe_rolled(run, dynamic)
 
         _named(traced, name)
+        placed: list[Any] | None = None
+        if in_shardings is not None:
+            fn_def, args_def, kwargs_def = treedef.children()
+            every = [None] * fn_def.num_leaves + _arg_shardings(in_shardings, args_def)
+            placed = list(compress(every + [None] * kwargs_def.num_leaves, mask))
         if self._donate == "none":
-            return jax.jit(traced)
+            return jax.jit(traced) if placed is None else jax.jit(traced, in_shardings=(placed,))
 
         def donating(kept: list[Any], donated: list[Any]) -> Any:
             return traced(kept + donated)
 
-        jitted = jax.jit(_named(donating, name), donate_argnums=1)
+        k = self._n_kept(treedef, mask)
+        split = None if placed is None else (placed[:k], placed[k:])
+        jitted = jax.jit(_named(donating, name), donate_argnums=1, in_shardings=split)
         quiet = self._donate in ("all", "all-except-first")
-        return _Donating(jitted, self._n_kept(treedef, mask), quiet)
+        return _Donating(jitted, k, quiet)
 
     def _n_kept(self, treedef: Any, mask: tuple[bool, ...]) -> int:
         """How many array leaves (at the front) are not donated: `fn`'s and the first
@@ -340,13 +398,23 @@ class Compiled(Generic[P, R]):
 
 @overload
 def filter_jit(
-    fun: Callable[P, R], *, donate: Donate = "none", explain_retraces: bool | None = None
+    fun: Callable[P, R],
+    *,
+    donate: Donate = "none",
+    explain_retraces: bool | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> JitWrapped[P, R]: ...
 
 
 @overload
 def filter_jit(
-    fun: None = None, *, donate: Donate = "none", explain_retraces: bool | None = None
+    fun: None = None,
+    *,
+    donate: Donate = "none",
+    explain_retraces: bool | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> Callable[[Callable[P, R]], JitWrapped[P, R]]: ...
 
 
@@ -355,6 +423,8 @@ def filter_jit(
     *,
     donate: Donate = "none",
     explain_retraces: bool | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> JitWrapped[P, R] | Callable[[Callable[P, R]], JitWrapped[P, R]]:
     """Compile a function with `jax.jit`, tracing its arrays and treating everything else as static.
 
@@ -376,6 +446,13 @@ def filter_jit(
         explain_retraces: log (logger `"treemod"`, level WARNING) which argument path changed,
             and how, whenever the function is traced again. `None` reads the environment
             variable `TREEMOD_EXPLAIN_RETRACES` (`1` turns it on).
+        in_shardings: where the array arguments go (`jax.jit`'s `in_shardings`, for array
+            leaves only): a `Sharding` for all, or a pytree prefix of the positional arguments
+            (a tuple, one entry per argument; `None` leaves a part as it comes, e.g.
+            `(tm.model_shardings(model, mesh, rules), batch_sharding)`). Keyword arguments
+            and `fun`'s own arrays keep their shardings. As with `jax.jit`, an array committed
+            to another sharding is an error (place it first: `tm.shard`, `tm.filter_shard`).
+        out_shardings: a `Sharding` or a pytree prefix of the output, for its arrays.
 
     Returns:
         The compiled function, typed as `fun` (a type checker sees its parameters and result).
@@ -397,11 +474,17 @@ def filter_jit(
     if donate not in _DONATE_MODES:
         raise ValueError(f"filter_jit: donate must be one of {_DONATE_MODES}; got {donate!r}.")
     if fun is None:
-        return lambda f: filter_jit(f, donate=donate, explain_retraces=explain_retraces)
+        return lambda f: filter_jit(
+            f,
+            donate=donate,
+            explain_retraces=explain_retraces,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+        )
     if not callable(fun):
         raise TypeError(
             f"filter_jit expects a callable (function, Module or bound method); got "
             f"{type(fun).__name__}. As a decorator with options, write "
             "`@filter_jit(donate=...)`."
         )
-    return JitWrapped(fun, donate, explain_retraces)
+    return JitWrapped(fun, donate, explain_retraces, in_shardings, out_shardings)
