@@ -26,6 +26,28 @@ from treemod.models.bert import (
     BertForTokenClassification,
     BertModel,
 )
+from treemod.models.clip import (
+    CLIPForImageClassification,
+    CLIPModel,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPVisionModel,
+    CLIPVisionModelWithProjection,
+)
+from treemod.models.convnext import (
+    ConvNextForImageClassification,
+    ConvNextModel,
+)
+from treemod.models.deberta_v2 import (
+    DebertaV2ForMaskedLM,
+    DebertaV2ForSequenceClassification,
+    DebertaV2ForTokenClassification,
+    DebertaV2Model,
+)
+from treemod.models.dinov2 import (
+    Dinov2ForImageClassification,
+    Dinov2Model,
+)
 from treemod.models.distilbert import (
     DistilBertForMaskedLM,
     DistilBertForSequenceClassification,
@@ -39,6 +61,12 @@ from treemod.models.llama_variants import (
     MistralModel,
     Qwen2ForCausalLM,
     Qwen2Model,
+)
+from treemod.models.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
 )
 from treemod.models.mpnet import (
     MPNetForMaskedLM,
@@ -66,6 +94,12 @@ from treemod.models.roberta import (
     RobertaForTokenClassification,
     RobertaModel,
 )
+from treemod.models.siglip import (
+    SiglipForImageClassification,
+    SiglipModel,
+    SiglipTextModel,
+    SiglipVisionModel,
+)
 from treemod.models.t5 import (
     Seq2SeqLM,
     T5EncoderModel,
@@ -76,6 +110,11 @@ from treemod.models.t5 import (
     generate_seq2seq,
 )
 from treemod.models.vit import ViTForImageClassification, ViTModel
+from treemod.models.wav2vec2 import (
+    Wav2Vec2ForCTC,
+    Wav2Vec2ForSequenceClassification,
+    Wav2Vec2Model,
+)
 from treemod.models.whisper import (
     WhisperForAudioClassification,
     WhisperForConditionalGeneration,
@@ -108,6 +147,31 @@ __all__ = [
     "register_architecture",
     "registered_architectures",
     # The zoo.
+    "CLIPForImageClassification",
+    "CLIPModel",
+    "CLIPTextModel",
+    "CLIPTextModelWithProjection",
+    "CLIPVisionModel",
+    "CLIPVisionModelWithProjection",
+    "ConvNextForImageClassification",
+    "ConvNextModel",
+    "DebertaV2ForMaskedLM",
+    "DebertaV2ForSequenceClassification",
+    "DebertaV2ForTokenClassification",
+    "DebertaV2Model",
+    "Dinov2ForImageClassification",
+    "Dinov2Model",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertModel",
+    "SiglipForImageClassification",
+    "SiglipModel",
+    "SiglipTextModel",
+    "SiglipVisionModel",
+    "Wav2Vec2ForCTC",
+    "Wav2Vec2ForSequenceClassification",
+    "Wav2Vec2Model",
     "BertForTokenClassification",
     "DistilBertForMaskedLM",
     "DistilBertForSequenceClassification",
