@@ -100,12 +100,12 @@ def test_config_values_match_transformers(data: Any, tmp_path_factory: Any) -> N
 
 
 def test_num_experts_is_read_as_num_local_experts() -> None:
-    config = {k: v for k, v in BASE.items() if k != "num_local_experts"}
+    config: dict[str, Any] = {k: v for k, v in BASE.items() if k != "num_local_experts"}
     model = tm.filter_eval_shape(
         lambda: MixtralModel.from_config({**config, "num_experts": 3}, key=jax.random.key(0))
     )
     assert model.layers.layers.mlp.gate.weight.shape == (2, 3, 32)
-    assert T.MixtralConfig(**config, num_experts=3).num_local_experts == 3
+    assert T.MixtralConfig.from_dict({**config, "num_experts": 3}).num_local_experts == 3
 
 
 def test_directories_both_ways(tmp_path: Path) -> None:
