@@ -97,3 +97,37 @@ def test_works_in_either_import_order_and_import_treemod_skips_treescope() -> No
     code = "import sys, treemod; print('treescope' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_stack_shows_each_layers_rms() -> None:
+    import numpy as np
+
+    net = _net()
+    layers = net.stack.layers
+    sq = np.asarray(layers.weight, np.float64) ** 2
+    sb = np.asarray(layers.bias, np.float64) ** 2
+    rms = np.sqrt((sq.reshape(5, -1).sum(1) + sb.reshape(5, -1).sum(1)) / (9 + 3))
+    expected = ", ".join(f"{v:.3g}" for v in rms)
+    assert f"per-layer RMS: {expected}" in _text(net)
+
+
+def test_a_config_shows_as_keys_once_and_the_policy_is_visible() -> None:
+    import treemod.precision as precision
+    from treemod.models import LlamaForCausalLM
+
+    config = {
+        "vocab_size": 64,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    model = LlamaForCausalLM.from_config(config, key=jax.random.key(0))
+    text = _text(precision.apply_policy(model))
+    assert "object at 0x" not in text
+    assert "'vocab_size': 64," in text and text.count("'vocab_size'") == 1
+    assert "config=<PretrainedConfig ...>" in text  # the inner model's: the same object
+    assert (
+        "lm_head=Linear(  # 1,024 params · 4.1 kB · precision policy: computes in bfloat16" in text
+    )

@@ -11,7 +11,13 @@ renderer, so arrays get treescope's summaries and array views:
 - a `State` node is labelled as state, not a parameter;
 - an array that appears in two places of the rendered model carries `# shared: also at ...`
   comments, and `nn.Shared` says which nodes it fills in when called;
-- an `nn.Stack` is one layer (its arrays without the layer axis) times `num_layers`.
+- an `nn.Stack` is one layer (its arrays without the layer axis) times `num_layers`, with each
+  layer's root-mean-square weight (what the shapes alone do not show: a layer that diverged or
+  was never loaded);
+- a static value (a model's config) that an enclosing module already showed is drawn folded,
+  with a note naming where it was shown;
+- a module that says something of itself through `TreescopeNote` (a precision policy's
+  classes) carries that in its first line.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.tree_util as jtu
+import numpy as np
 from treescope import rendering_parts as rp
 
 from treemod._format.pretty import count_arrays, is_arraylike_leaf
@@ -31,12 +38,28 @@ from treemod._tree.module_info import module_info
 from treemod.nn._shared import Shared
 from treemod.nn._stack import Stack
 
-__all__ = ["render_module"]
+__all__ = ["TreescopeNote", "render_module"]
+
+
+@runtime_checkable
+class TreescopeNote(Protocol):
+    """A module that adds a note to its first line in treescope (e.g. the precision policy it
+    computes under)."""
+
+    def treescope_note(self) -> str: ...
+
 
 # Arrays seen more than once in the model being rendered: id -> the paths where they sit.
 _SHARED: contextvars.ContextVar[dict[int, list[str]] | None] = contextvars.ContextVar(
     "treemod_treescope_shared", default=None
 )
+
+# Static values already drawn (a config held by a model and again by its inner model): id ->
+# the path where they were drawn.
+_STATICS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "treemod_treescope_statics", default=None
+)
+_SHOWN_LAYERS = 8  # per-layer statistics listed for a Stack (then "...")
 
 _STATE_COLOR = "#f3e6ff"  # State nodes stand apart from parameters
 
@@ -72,10 +95,40 @@ def _shared_scope(module: Any, path: str | None) -> Iterator[None]:
         yield
         return
     token = _SHARED.set(_shared_arrays(module, path or ""))
+    statics = _STATICS.set({})
     try:
         yield
     finally:
         _SHARED.reset(token)
+        _STATICS.reset(statics)
+
+
+def _layer_rms(layers: Any, n: int) -> str | None:
+    """Each stacked layer's root-mean-square over its floating arrays ("0.021, 0.020, ...");
+    None for abstract or traced arrays."""
+    leaves = [x for x in jtu.tree_leaves(layers) if isinstance(x, jax.Array)]
+    leaves = [x for x in leaves if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
+    if not leaves or any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return None
+    shown = min(n, _SHOWN_LAYERS)
+    total = np.zeros(shown)
+    count = 0
+    for x in leaves:
+        head = np.asarray(x[:shown], np.float64).reshape(shown, -1)
+        total += np.sum(head * head, axis=1)
+        count += head.shape[1]
+    rms = ", ".join(f"{v:.3g}" for v in np.sqrt(total / max(count, 1)))
+    return rms + (", ..." if n > shown else "")
+
+
+class _Folded:
+    """Drawn as `<TypeName ...>`: a value shown in full elsewhere."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name} ...>"
 
 
 def _comment(text: str) -> rp.RenderableTreePart:
@@ -141,6 +194,11 @@ def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
     if isinstance(module, Shared):
         tied = jtu.tree_leaves(module.get(module.pytree))
         header += f" · ties {len(tied)} array(s): filled in from `get` at each call"
+    if isinstance(module, TreescopeNote):
+        header += f" · {module.treescope_note()}"
+    statics = _STATICS.get()
+    if statics is None:
+        statics = {}
     children = []
     own = path or ""
     fields = [f for f in info.fields if hasattr(module, f.name)]
@@ -150,10 +208,20 @@ def _render(module: Any, path: str | None, subtree_renderer: Any) -> Any:
         prefix = ""
         if f.name in static:
             note = "static"
+            if not isinstance(value, int | float | str | bool | tuple | type(None)):
+                seen = statics.get(id(value))
+                if seen is not None:
+                    note = f"static; the same object as {seen}"
+                    value = _Folded(type(value).__name__)
+                else:
+                    statics[id(value)] = f"{own}.{f.name}"
         elif isinstance(module, Stack) and f.name == "layers":
+            rms = _layer_rms(value, module.num_layers)
             value = _one_layer(value)
             prefix = f"{module.num_layers} × "
             note = f"one layer of {module.num_layers}; stored with a leading layer axis"
+            if rms is not None:
+                note += f"; per-layer RMS: {rms}"
         elif isinstance(value, jax.Array) and id(value) in shared:
             here = f"{own}.{f.name}"
             others = [p for p in shared[id(value)] if p != here]

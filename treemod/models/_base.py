@@ -180,6 +180,22 @@ class PretrainedConfig(Mapping[str, Any]):
             self._hash = hash(_hash_key(self))
         return self._hash
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """treescope's view: a foldable dict of the keys (its generation config as one more
+        entry), not an object address."""
+        from treescope import repr_lib
+
+        values = dict(self._values)
+        if self.generation is not None:
+            values["(generation_config.json)"] = self.generation
+        return repr_lib.render_dictionary_wrapper(
+            object_type=type(self),
+            wrapped_dict=values,
+            path=path,
+            subtree_renderer=subtree_renderer,
+            roundtrippable=False,
+        )
+
     def __repr__(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True)
         if self.generation is not None:

@@ -95,6 +95,23 @@ def _policy_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _cast(out, role.policy.output_dtype) if role.root else out
 
 
+def _policy_note(self: Any) -> str:
+    """What treescope shows in the module's first line (`TreescopeNote`)."""
+    role = _ROLES[type(self)][0]
+    p = role.policy
+    where = (
+        "float32 layer"
+        if role.cast_to == jnp.float32 and p.compute_dtype != jnp.float32
+        else (
+            f"computes in {jnp.dtype(role.cast_to).name}"
+            if role.cast_to is not None
+            else "casts nothing"
+        )
+    )
+    text = f"precision policy: {where}, params {p.param_dtype.name}"
+    return text + (f", output {p.output_dtype.name}" if role.root else "")
+
+
 _CLASSES: dict[tuple[type, _Role], type] = {}
 # Each generated subclass -> its role and the class it wraps (read per call: one dict lookup).
 _ROLES: dict[type, tuple[_Role, type]] = {}
@@ -106,6 +123,7 @@ def _policy_class(cls: type, role: _Role) -> type:
     if sub is None:
         namespace = {
             "__call__": _policy_call,
+            "treescope_note": _policy_note,
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": cls.__doc__,
