@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import jax
@@ -11,7 +11,52 @@ import jax
 from treemod._transforms.leaves import pack_output, split_tree
 from treemod._transforms.wrapper import P, R, TransformedFunction, split_fn
 
-__all__ = ["filter_checkpoint"]
+__all__ = ["RematPolicy", "checkpoint_policy", "filter_checkpoint"]
+
+# What to keep for the backward pass: a `jax.checkpoint` policy, or a name for a common one.
+RematPolicy = str | Sequence[str] | Callable[..., bool] | None
+POLICIES: dict[str, Callable[..., bool]] = {
+    "nothing": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything": jax.checkpoint_policies.everything_saveable,
+}
+
+
+def checkpoint_policy(policy: Any, owner: str = "filter_checkpoint") -> Callable[..., bool] | None:
+    """`jax.checkpoint`'s policy for a `RematPolicy`: `None` (save nothing but the inputs, JAX's
+    default), `"nothing"`, `"dots"` (the results of matmuls without batch dimensions),
+    `"everything"`, a list of names (the values tagged with `jax.ad_checkpoint.checkpoint_name`
+    under those names: `save_only_these_names`) or a policy function, returned as it is.
+
+    Arguments:
+        policy: the policy or its name.
+        owner: what to name in the error.
+
+    Returns:
+        The policy function, or `None`.
+
+    Example:
+        >>> from treemod._transforms.remat import checkpoint_policy
+        >>> checkpoint_policy("dots").__name__
+        'dots_with_no_batch_dims_saveable'
+    """
+    if policy is None or callable(policy):
+        chosen: Callable[..., bool] | None = policy
+        return chosen
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise ValueError(
+                f"{owner}: the remat policy {policy!r} is not one of {sorted(POLICIES)}; pass "
+                "one of those, a list of checkpoint names, or a jax.checkpoint_policies function."
+            )
+        return POLICIES[policy]
+    if isinstance(policy, Sequence) and all(isinstance(n, str) for n in policy):
+        named: Callable[..., bool] = jax.checkpoint_policies.save_only_these_names(*policy)
+        return named
+    raise ValueError(
+        f"{owner}: a remat policy is a name ({sorted(POLICIES)}), a list of checkpoint names "
+        f"or a jax.checkpoint_policies function; got {policy!r}."
+    )
 
 
 class _CheckpointWrapper(TransformedFunction[P, R]):
@@ -19,7 +64,7 @@ class _CheckpointWrapper(TransformedFunction[P, R]):
         self._fun: Callable[..., Any] = fun
         self._fn_tree, self._call = split_fn(fun)
         self._prevent_cse = prevent_cse
-        self._policy = policy
+        self._policy = checkpoint_policy(policy)
         self._wraps(fun)
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -42,13 +87,13 @@ class _CheckpointWrapper(TransformedFunction[P, R]):
 
 @overload
 def filter_checkpoint(
-    fun: Callable[P, R], *, prevent_cse: bool = True, policy: Callable[..., bool] | None = None
+    fun: Callable[P, R], *, prevent_cse: bool = True, policy: RematPolicy = None
 ) -> Callable[P, R]: ...
 
 
 @overload
 def filter_checkpoint(
-    fun: None = None, *, prevent_cse: bool = True, policy: Callable[..., bool] | None = None
+    fun: None = None, *, prevent_cse: bool = True, policy: RematPolicy = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -56,7 +101,7 @@ def filter_checkpoint(
     fun: Callable[P, R] | None = None,
     *,
     prevent_cse: bool = True,
-    policy: Callable[..., bool] | None = None,
+    policy: RematPolicy = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
     """Recompute `fun`'s intermediate values in the backward pass instead of storing them.
 
@@ -67,7 +112,10 @@ def filter_checkpoint(
     Arguments:
         fun: the function, module or bound method; omit it to use as a decorator with options.
         prevent_cse: as in `jax.checkpoint`.
-        policy: as in `jax.checkpoint`, e.g. `jax.checkpoint_policies.dots_saveable`.
+        policy: what to save for the backward pass: a `jax.checkpoint` policy (e.g.
+            `jax.checkpoint_policies.dots_saveable`), `"nothing"`, `"dots"`, `"everything"`,
+            or a list of names given with `jax.ad_checkpoint.checkpoint_name` (only those are
+            saved). `None`: JAX's default, only the inputs.
 
     Returns:
         The wrapped function, with the same outputs and gradients as `fun`.

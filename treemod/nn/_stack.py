@@ -15,6 +15,7 @@ from treemod._format.describe import describe_value
 from treemod._module.module import Module, field
 from treemod._module.state import State, collect_state_updates, is_state, update_state
 from treemod._sharding.axes import axis_names
+from treemod._transforms.remat import RematPolicy, checkpoint_policy
 from treemod._tree.filters import combine, is_array, partition
 
 from ._utils import accepts_key, check_size, require_key
@@ -54,6 +55,11 @@ class Stack(Module, check_descendants=False):
         num_layers: the depth.
         key: the PRNG key.
         unroll: passed to `lax.scan`: layers per loop iteration (a positive int), or `True` for all.
+        remat: rematerialise each layer in the backward pass (`jax.checkpoint` on the scan
+            body): `False` (default: every intermediate is kept), `True` (only each layer's
+            input is kept), or what else to keep, as `treemod.filter_checkpoint`'s `policy`:
+            `"nothing"`, `"dots"`, `"everything"`, a list of `checkpoint_name` names, or a
+            `jax.checkpoint_policies` function.
 
     Example:
         >>> import jax, jax.numpy as jnp, treemod.nn as nn
@@ -69,6 +75,7 @@ class Stack(Module, check_descendants=False):
     layers: Any
     num_layers: int = field(static=True)
     unroll: int = field(static=True, default=1)
+    remat: bool | RematPolicy = field(static=True, default=False)
 
     def __init__(
         self,
@@ -77,10 +84,12 @@ class Stack(Module, check_descendants=False):
         *,
         key: PRNGKeyArray,
         unroll: int = 1,
+        remat: bool | RematPolicy = False,
     ) -> None:
         require_key("Stack", key)
         check_size("Stack", "num_layers", num_layers)
         _check_unroll("Stack", unroll)
+        _check_remat("Stack", remat)
         static_box: list[Any] = []
 
         def make_arrays(k: PRNGKeyArray) -> Any:
@@ -93,14 +102,18 @@ class Stack(Module, check_descendants=False):
         self.layers = combine(arrays, static_box[0])
         self.num_layers = num_layers
         self.unroll = unroll
+        self.remat = remat
 
     @classmethod
-    def from_layers(cls, layers: Sequence[Any], *, unroll: int = 1) -> Stack:
+    def from_layers(
+        cls, layers: Sequence[Any], *, unroll: int = 1, remat: bool | RematPolicy = False
+    ) -> Stack:
         """Stack existing layers of identical structure (same tree structure, shapes, dtypes).
 
         Arguments:
             layers: the layers, at least one.
             unroll: passed to `lax.scan`.
+            remat: as `Stack`'s.
 
         Returns:
             A `Stack`.
@@ -113,6 +126,7 @@ class Stack(Module, check_descendants=False):
             (2, 4, 4)
         """
         _check_unroll("Stack.from_layers", unroll)
+        _check_remat("Stack.from_layers", remat)
         layers = list(layers)
         if not layers:
             raise ValueError("Stack.from_layers needs at least one layer.")
@@ -139,7 +153,7 @@ class Stack(Module, check_descendants=False):
                     "differ from layer 0's; they must be equal, as the layers share them."
                 )
         stacked = jtu.tree_map(lambda *xs: jnp.stack(xs), *[p[0] for p in parts])
-        return _template(cls, combine(stacked, static), len(layers), unroll)
+        return _template(cls, combine(stacked, static), len(layers), unroll, remat)
 
     def __len__(self) -> int:
         return self.num_layers
@@ -193,6 +207,10 @@ class Stack(Module, check_descendants=False):
             _check_carry(carry, out)
             return out, new_values
 
+        if self.remat is not False:
+            # Under `scan`, CSE cannot merge the recomputation into the forward pass anyway.
+            policy = None if self.remat is True else checkpoint_policy(self.remat)
+            body = jax.checkpoint(body, prevent_cse=False, policy=policy)
         out, new_values = lax.scan(body, x, (arrays, keys), unroll=self.unroll)
         if updated:
             outer = _states(self.layers)
@@ -227,7 +245,14 @@ def _check_unroll(owner: str, unroll: Any) -> None:
         check_size(owner, "unroll", unroll)
 
 
-def _template(cls: type[Stack], layers: Any, num_layers: int, unroll: int) -> Stack:
+def _check_remat(owner: str, remat: Any) -> None:
+    if not isinstance(remat, bool):
+        checkpoint_policy(remat, f"{owner}: `remat`")
+
+
+def _template(
+    cls: type[Stack], layers: Any, num_layers: int, unroll: int, remat: bool | RematPolicy
+) -> Stack:
     obj = object.__new__(cls)
-    obj.__dict__.update(layers=layers, num_layers=num_layers, unroll=unroll)
+    obj.__dict__.update(layers=layers, num_layers=num_layers, unroll=unroll, remat=remat)
     return obj
