@@ -30,6 +30,7 @@ from treemod.models._generate_inputs import (
     stream_put,
 )
 from treemod.models._generation_config import GenerationSettings, generation_settings
+from treemod.models._speculative import check_assistant, speculative_decode
 
 __all__ = ["GenerateOutput", "generate"]
 
@@ -74,6 +75,8 @@ def generate(
     output_scores: Literal[False] = ...,
     streamer: Any = ...,
     key: PRNGKeyArray | None = ...,
+    assistant_model: CausalLM | None = ...,
+    num_assistant_tokens: int = ...,
 ) -> Array: ...
 
 
@@ -103,6 +106,8 @@ def generate(
     output_scores: Literal[True],
     streamer: Any = ...,
     key: PRNGKeyArray | None = ...,
+    assistant_model: CausalLM | None = ...,
+    num_assistant_tokens: int = ...,
 ) -> GenerateOutput: ...
 
 
@@ -131,6 +136,8 @@ def generate(
     output_scores: bool = False,
     streamer: Any = None,
     key: PRNGKeyArray | None = None,
+    assistant_model: CausalLM | None = None,
+    num_assistant_tokens: int = 5,
 ) -> Array | GenerateOutput:
     """Continue each prompt by up to `max_new_tokens` tokens, as `transformers`' `generate`.
 
@@ -187,6 +194,11 @@ def generate(
             works): `put` receives the prompts `(batch, prompt_len)`, then each step's new
             tokens `(batch,)` as NumPy arrays while the loop runs; `end()` at the end.
         key: the PRNG key (or keys, one per row) for sampling.
+        assistant_model: a small causal LM of the same vocabulary for speculative greedy
+            decoding (one prompt, no processors): it proposes `num_assistant_tokens` tokens a
+            round, the model checks them in one pass; the tokens are the model's own greedy
+            tokens, fewer passes of the model when the draft agrees.
+        num_assistant_tokens: the draft's tokens per round.
 
     Returns:
         `(batch * num_return_sequences, prompt_len + n)` int32 ids, the prompts followed by
@@ -244,6 +256,17 @@ def generate(
             f"exceeds the config's {limit[0]}={limit[1]} (the model has no positions beyond "
             "it); shorten the prompt or max_new_tokens."
         )
+    if assistant_model is not None:
+        return _assisted(
+            owner,
+            model,
+            assistant_model,
+            ids,
+            mask,
+            s,
+            num_assistant_tokens,
+            output_scores or streamer is not None or pad_to_multiple_of is not None,
+        )
     rows = ids.shape[0] * s.num_return_sequences
     keys = sampling_keys(owner, key, s, rows)
     if s.num_return_sequences > 1:
@@ -264,6 +287,28 @@ def generate(
     if output_scores:
         return GenerateOutput(sequences, scores[:, : int(steps)])
     return sequences
+
+
+def _assisted(
+    owner: str,
+    model: CausalLM,
+    draft: Any,
+    ids: Any,
+    mask: Any,
+    s: GenerationSettings,
+    k: Any,
+    other_options: bool,
+) -> Array:
+    check_assistant(owner, model, draft, s, ids)
+    if not bool(np.all(mask)) or other_options:
+        raise ValueError(
+            f"{owner}: with `assistant_model`, give one unpadded prompt, without output_scores, "
+            "streamer or pad_to_multiple_of."
+        )
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"{owner}: `num_assistant_tokens` must be an int >= 1; got {k!r}.")
+    tokens, length, _ = speculative_decode(model, draft, jnp.asarray(ids), s, k)
+    return tokens[:, : int(length)]
 
 
 @filter_jit
