@@ -20,6 +20,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import attend, causal_mask, split_key, token_inputs
 from treemod.models._base import (
     PretrainedConfig,
@@ -86,6 +87,8 @@ _ALIASES = {
 }
 
 
+# Axis names for `tm.shard`: Conv1D stores (in, out); attention splits by heads (Megatron).
+@axis_names({"weight": ("embed", "mlp"), "bias": ("mlp",)})
 class Conv1D(Module):
     """`transformers`' `Conv1D`: a linear map storing its weight as `(in_features, out_features)`.
 
@@ -109,6 +112,14 @@ class Conv1D(Module):
         return y + self.bias.reshape((1,) * (y.ndim - 1) + self.bias.shape)
 
 
+@axis_names(
+    {
+        "c_attn.weight": ("embed", "heads"),
+        "c_attn.bias": ("heads",),
+        "c_proj.weight": ("heads", "embed"),
+        "c_proj.bias": ("embed",),
+    }
+)
 class GPT2Attention(Module):
     """Causal self-attention: `c_attn` makes q, k and v, `attend` mixes, `c_proj` projects."""
 
@@ -158,6 +169,7 @@ class GPT2Attention(Module):
         return self.resid_dropout(out, key=k_resid), cache
 
 
+@axis_names({"c_proj.weight": ("mlp", "embed"), "c_proj.bias": ("embed",)})
 class GPT2MLP(Module):
     """`c_proj(act(c_fc(x)))`, then dropout."""
 
@@ -255,6 +267,7 @@ def _block(values: Mapping[str, Any], dtype: Any, *, key: PRNGKeyArray) -> GPT2B
 
 
 @register_architecture
+@axis_names({"wpe.weight": (None, "embed")})
 class GPT2Model(PretrainedModel):
     """GPT-2's transformer: token and position embeddings, `n_layer` blocks, a final LayerNorm.
 
