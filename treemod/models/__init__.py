@@ -54,6 +54,14 @@ from treemod.models.distilbert import (
     DistilBertForTokenClassification,
     DistilBertModel,
 )
+from treemod.models.gemma import (
+    Gemma2ForCausalLM,
+    Gemma2Model,
+    Gemma3ForCausalLM,
+    Gemma3TextModel,
+    GemmaForCausalLM,
+    GemmaModel,
+)
 from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
 from treemod.models.llama import LlamaForCausalLM, LlamaModel
 from treemod.models.llama_variants import (
@@ -61,6 +69,12 @@ from treemod.models.llama_variants import (
     MistralModel,
     Qwen2ForCausalLM,
     Qwen2Model,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+)
+from treemod.models.mixtral import (
+    MixtralForCausalLM,
+    MixtralModel,
 )
 from treemod.models.modernbert import (
     ModernBertForMaskedLM,
@@ -73,6 +87,10 @@ from treemod.models.mpnet import (
     MPNetForSequenceClassification,
     MPNetForTokenClassification,
     MPNetModel,
+)
+from treemod.models.phi3 import (
+    Phi3ForCausalLM,
+    Phi3Model,
 )
 from treemod.models.resnet import ResNetForImageClassification, ResNetModel
 from treemod.models.resnet_torchvision import (
@@ -147,6 +165,18 @@ __all__ = [
     "register_architecture",
     "registered_architectures",
     # The zoo.
+    "Gemma2ForCausalLM",
+    "Gemma2Model",
+    "Gemma3ForCausalLM",
+    "Gemma3TextModel",
+    "GemmaForCausalLM",
+    "GemmaModel",
+    "MixtralForCausalLM",
+    "MixtralModel",
+    "Phi3ForCausalLM",
+    "Phi3Model",
+    "Qwen3ForCausalLM",
+    "Qwen3Model",
     "CLIPForImageClassification",
     "CLIPModel",
     "CLIPTextModel",
