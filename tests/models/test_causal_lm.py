@@ -119,3 +119,19 @@ def test_the_tied_head_and_the_position_limit_come_from_the_contract(model: Tiny
     assert model.tied_weights() == {"lm_head.weight": "embed.weight"}
     with pytest.raises(ValueError, match="exceeds the config's n_positions=24"):
         generate(model, np.ones((1, 5), int), max_new_tokens=20)
+
+
+def test_attend_takes_a_float32_bias_with_bfloat16_inputs() -> None:
+    import jax.numpy as jnp
+
+    from treemod.models._attention_parts import attend
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 3, 2, 4)), jnp.bfloat16) for _ in range(3))
+    bias = jnp.asarray(rng.normal(size=(1, 2, 3, 3)), jnp.float32)
+    got = attend(q, k, v, None, scale=0.5, bias=bias)
+    s = np.einsum("bqhd,bkhd->bhqk", *(np.asarray(x, np.float32) for x in (q, k))) * 0.5
+    p = np.exp(s + np.asarray(bias) - (s + np.asarray(bias)).max(-1, keepdims=True))
+    want = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), np.asarray(v, np.float32))
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2)

@@ -179,6 +179,9 @@ def attend(
     same_heads = q.shape[2] == k.shape[2] and q.dtype == k.dtype == v.dtype
     float32 = scores == "float32" or q.dtype == jnp.float32
     plain = softcap is None and not _drops(dropout) and isinstance(scale, int | float)
+    # jax.nn.dot_product_attention refuses a bias of another dtype than q (a float32 bias with
+    # bfloat16 inputs): that case is computed below.
+    plain = plain and (bias is None or bias.dtype == q.dtype)
     if plain and same_heads and float32:
         return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=float(scale))
     batch, q_len, heads, head_dim = q.shape
