@@ -22,6 +22,7 @@ from jax import Array
 
 from treemod._module.module import Module, field
 from treemod.models._base import config_error
+from treemod.models._config_values import check_value
 
 __all__ = ["ROPE_TYPES", "Rope", "apply_rope", "rope_config"]
 
@@ -59,7 +60,34 @@ def rope_config(owner: str, config: Mapping[str, Any], max_positions: int) -> di
         raise config_error(
             owner, f"{where}.rope_type", params["rope_type"], ", ".join(map(repr, ROPE_TYPES))
         )
+    # A zero, negative, non-finite or non-numeric value would give NaN or infinite angles
+    # everywhere: refused by name (the top-level key, or the dict's).
+    for name, kind in _NUMBERS.items():
+        if params.get(name) is not None:
+            key = name if name in config and name not in given else f"{where}.{name}"
+            params[name] = check_value(owner, key, params[name], kind)
+    factor = params.get("partial_rotary_factor")
+    if factor is not None and not 0 < factor <= 1:
+        raise config_error(owner, "partial_rotary_factor", factor, "a number in (0, 1]")
+    low, high = params.get("low_freq_factor"), params.get("high_freq_factor")
+    if low is not None and high is not None and not high > low:
+        raise config_error(
+            owner, f"{where}.high_freq_factor", high, f"a number above low_freq_factor ({low})"
+        )
     return params
+
+
+_NUMBERS = {
+    "rope_theta": "positive",
+    "factor": "positive",
+    "low_freq_factor": "positive",
+    "high_freq_factor": "positive",
+    "original_max_position_embeddings": "size",
+    "attention_factor": "positive",
+    "beta_fast": "positive",
+    "beta_slow": "positive",
+    "partial_rotary_factor": "positive",
+}
 
 
 def _need(owner: str, params: Mapping[str, Any], name: str) -> Any:
