@@ -85,11 +85,15 @@ class QuantLinear(Module):
             )
         x = x.astype(self.dtype)
 
+        # Slice `i` is cut from the stored arrays inside the checkpoint, so the residuals for
+        # the backward pass are those arrays themselves: under a `Stack`'s scan they are the
+        # scan's inputs, not per-layer copies of the packed weights.
         @jax.checkpoint
-        def one(arrays: tuple[Array, ...]) -> Array:
+        def one(i: Array) -> Array:
+            arrays = tuple(lax.dynamic_index_in_dim(a, i, keepdims=False) for a in self.sliced())
             return x @ self.dequantise_slice(arrays).T
 
-        ys = lax.map(one, self.sliced())  # (slices, *batch, rows)
+        ys = lax.map(one, jnp.arange(self.slices))  # (slices, *batch, rows)
         y = jnp.moveaxis(ys, 0, -2).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + lead(self.bias.astype(y.dtype), y.ndim)
 
