@@ -140,7 +140,9 @@ def test_sampling_and_refusals() -> None:
         generate_seq2seq(model, ids, max_new_tokens=2, do_sample=True)
     with pytest.raises(ValueError, match="does not take input_features"):
         generate_seq2seq(model, ids, input_features=np.zeros((3, 4, 8)), max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"`suppress_tokens` is \[1.5\]; it must be a token id or a list"):
+    with pytest.raises(
+        ValueError, match=r"`suppress_tokens` is \[1.5\]; it must be a token id or a list"
+    ):
         generate_seq2seq(model, ids, max_new_tokens=2, suppress_tokens=[1.5])
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate_seq2seq(model, ids, max_new_tokens=0)
