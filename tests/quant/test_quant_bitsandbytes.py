@@ -100,6 +100,9 @@ def test_int8_is_bitsandbytes_row_wise_int8() -> None:
     assert np.array_equal(np.asarray(layer.weight), q.numpy())
     assert np.array_equal(_bits(np.asarray(layer.absmax)), _bits(scb.numpy()))
     assert np.array_equal(_bits(np.asarray(layer.dequantised_weight())), _bits(want))
+    w[3] = 0  # a zero row (bitsandbytes divides by its zero absmax) dequantises to zeros
+    zero_row = quant.quantise(_linear(w, jnp.float32), ["0"], "int8").layers[0]
+    assert not np.asarray(zero_row.dequantised_weight())[3].any()
 
 
 def _gptq_reference(w: np.ndarray, group: int) -> np.ndarray:

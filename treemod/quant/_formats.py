@@ -170,7 +170,9 @@ def quantise_int8(w: Array) -> tuple[Array, Array]:
         `(q, absmax)`: int8 `(out, in)` and float32 `(out,)` (bitsandbytes' `SCB`).
     """
     absmax = jnp.max(jnp.abs(w.astype(jnp.float32)), axis=1)
-    q = jnp.round(w.astype(jnp.float32) * (127.0 / absmax)[:, None])
+    # An all-zero row would divide by zero (NaN levels); its levels are 0 instead.
+    scale = jnp.where(absmax > 0, 127.0 / jnp.where(absmax > 0, absmax, 1.0), 0.0)
+    q = jnp.round(w.astype(jnp.float32) * scale[:, None])
     return q.astype(jnp.int8), absmax
 
 
