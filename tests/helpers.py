@@ -160,6 +160,7 @@ def recursion_budget_lost() -> int:
 
 # The libraries the tests compare against (import name: distribution).
 REFERENCES = {
+    "bitsandbytes": "bitsandbytes",
     "equinox": "equinox",
     "hypothesis": "hypothesis",
     "optax": "optax",

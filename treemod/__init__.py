@@ -100,6 +100,7 @@ if _typing.TYPE_CHECKING:
     from . import models as models
     from . import nn as nn
     from . import precision as precision
+    from . import quant as quant
     from treemod._shapecheck.checker import ShapeCheckError as ShapeCheckError
 
 # treescope's extension hook: treescope calls it on any module, whichever of the two was
@@ -108,7 +109,7 @@ Module.__treescope_repr__ = _treescope_repr  # type: ignore[attr-defined]
 
 
 # Subpackages loaded at their first use as attributes (`tm.nn.Linear`, `tm.models.GPT2Model`).
-_LAZY_SUBPACKAGES = ("nn", "models", "lora", "precision")
+_LAZY_SUBPACKAGES = ("nn", "models", "lora", "precision", "quant")
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -1,5 +1,5 @@
-"""Every public name of treemod, treemod.nn, treemod.models, treemod.lora and
-treemod.precision has a `::: treemod.NAME` entry in docs/api."""
+"""Every public name of treemod, treemod.nn, treemod.models, treemod.lora, treemod.precision and
+treemod.quant has a `::: treemod.NAME` entry in docs/api."""
 
 import importlib
 import pathlib
@@ -21,7 +21,7 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     nn = getattr(treemod, "nn", None)
     if nn is not None:
         modules["treemod.nn"] = nn
-    for name in ("treemod.models", "treemod.lora", "treemod.precision"):
+    for name in ("treemod.models", "treemod.lora", "treemod.precision", "treemod.quant"):
         modules[name] = importlib.import_module(name)
     missing = [
         f"{prefix}.{name}"

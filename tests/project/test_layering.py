@@ -33,6 +33,7 @@ LAYERS = {
     "models/": 9,
     "_display/": 9,
     "lora/": 9,
+    "quant/": 9,
     "precision/": 9,
     "__init__.py": 10,
     "compat/": 11,
