@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jaxtyping import PRNGKeyArray
 
@@ -109,11 +108,11 @@ def causal_mask(
                [0, 1, 0],
                [0, 1, 1]], dtype=int32)
     """
-    index = np.arange(seq_len)
+    index = jnp.arange(seq_len)  # a symbolic length under jax.export too
     allowed = index[None, :] <= index[:, None]
     if sliding_window is not None:
         allowed &= index[None, :] > index[:, None] - sliding_window
-    mask = jnp.asarray(allowed)[None, None]
+    mask = allowed[None, None]
     if attention_mask is not None:
         return mask & attention_mask.astype(bool)[:, None, None, :]
     if position_ids is not None:

@@ -339,10 +339,10 @@ class PretrainedModel(Module):
         """PEFT's `task_type` for adapters of this class (`save_adapter` writes it, so that
         `peft`'s `AutoPeftModelFor...` classes load them), from `transformers`' naming of the
         class: `...ForCausalLM`/`...LMHeadModel` `"CAUSAL_LM"`, `...ForConditionalGeneration`
-        `"SEQ_2_SEQ_LM"`, `...ForSequenceClassification` `"SEQ_CLS"`,
-        `...ForTokenClassification` `"TOKEN_CLS"`, `...ForQuestionAnswering` `"QUESTION_ANS"`,
-        a base model `"FEATURE_EXTRACTION"`. A class named otherwise overrides it (None: no task
-        type, for a class PEFT's task wrappers cannot call).
+        `"SEQ_2_SEQ_LM"`, a base model `"FEATURE_EXTRACTION"`. None for a class with a
+        classification head: PEFT's `SEQ_CLS`/`TOKEN_CLS` also train and save the head
+        (`modules_to_save`), which an adapter file of treemod's does not hold. A class named
+        otherwise overrides it.
 
         Returns:
             The task type, or None.
@@ -351,7 +351,7 @@ class PretrainedModel(Module):
         for suffix, task in _TASK_TYPES:
             if name.endswith(suffix):
                 return task
-        return "FEATURE_EXTRACTION"
+        return None if "For" in name else "FEATURE_EXTRACTION"
 
     def tied_weights(self) -> dict[str, str]:
         """Names that share another name's array: `{alias: source}` (PyTorch names).
@@ -375,9 +375,6 @@ _TASK_TYPES = (
     ("ForCausalLM", "CAUSAL_LM"),
     ("LMHeadModel", "CAUSAL_LM"),
     ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
-    ("ForSequenceClassification", "SEQ_CLS"),
-    ("ForTokenClassification", "TOKEN_CLS"),
-    ("ForQuestionAnswering", "QUESTION_ANS"),
 )
 _M = TypeVar("_M", bound=type[PretrainedModel])
 _REGISTRY: dict[str, type[PretrainedModel]] = {}

@@ -35,6 +35,7 @@ from ._bert_layers import (
     BertPredictionHeadTransform,
     attention_bias,
     check_ids,
+    check_positions,
     embed_inputs,
     make_encoder_layer,
     padded_positions,
@@ -276,11 +277,7 @@ class BertModel(PretrainedModel):
         pad = type(self).position_padding_idx(self.config)
         limit = self.embeddings.position_embeddings.weight.shape[0]
         last = shape[1] - 1 if pad is None else shape[1] + pad
-        if last >= limit:
-            raise ValueError(
-                f"{type(self).__name__}: a sequence of {shape[1]} tokens needs position {last}; "
-                f"max_position_embeddings is {limit}."
-            )
+        check_positions(type(self).__name__, shape[1], last, limit)
         if pad is None:
             return jnp.arange(shape[1])[None, :]
         return padded_positions(ids, shape, pad)

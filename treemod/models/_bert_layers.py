@@ -27,6 +27,7 @@ from ._attention_parts import attend, split_key
 from ._hf_activations import get_activation
 
 __all__ = [
+    "check_positions",
     "BertEmbeddings",
     "BertEncoder",
     "BertLayer",
@@ -115,6 +116,33 @@ def embed_inputs(
             "hidden_size)."
         )
     return words, None
+
+
+def check_positions(owner: str, seq: Any, last: Any, limit: int) -> None:
+    """Refuse a sequence of `seq` tokens whose last position `last` is past the position table
+    of `limit` rows (an embedding lookup would clamp it silently). Under `jax.export` with a
+    symbolic length, the length must be bounded by a constraint.
+
+    Arguments:
+        owner: the model class, for messages.
+        seq: the sequence length (an int, or a symbolic dimension).
+        last: the last position id it needs.
+        limit: the position table's rows (`max_position_embeddings`).
+    """
+    try:
+        past = bool(last >= limit)
+    except Exception:  # jax.export's symbolic length without a bound: inconclusive
+        bound = limit - 1 - (last - seq)
+        raise ValueError(
+            f"{owner}: the symbolic sequence length {seq} is not bounded, and position {last} "
+            f"must stay below max_position_embeddings={limit}: export with a constraint, e.g. "
+            f"jax.export.symbolic_shape('batch, {seq}', constraints=['{seq} <= {bound}'])."
+        ) from None
+    if past:
+        raise ValueError(
+            f"{owner}: a sequence of {seq} tokens needs position {last}; max_position_embeddings "
+            f"is {limit}."
+        )
 
 
 def padded_positions(ids: Array | None, shape: tuple[int, int], padding_idx: int) -> Array:

@@ -34,6 +34,12 @@ __all__ = [
 def relative_positions(seq: int, buckets: int, max_position: int) -> np.ndarray:
     """`q - k` for `(seq, seq)` query and key indices, log-bucketed as `transformers`'
     `make_log_bucket_position` (in float32) when `buckets` and `max_position` are positive."""
+    if not isinstance(seq, int):
+        raise ValueError(
+            f"DeBERTa-v2: its log-bucketed relative positions are computed for a concrete "
+            f"sequence length, not the symbolic {seq}: export it with a fixed sequence length "
+            f"(a symbolic batch works)."
+        )
     index = np.arange(seq, dtype=np.int64)
     rel = index[:, None] - index[None, :]
     if buckets <= 0 or max_position <= 0:

@@ -32,6 +32,7 @@ from ._bert_layers import (
     attend_encoder,
     attention_bias,
     check_ids,
+    check_positions,
     embed_inputs,
     vocab_logits,
 )
@@ -299,11 +300,7 @@ class DistilBertModel(PretrainedModel):
         positions = check_ids(name, "position_ids", position_ids, None)
         if positions is None:
             limit = self.embeddings.position_embeddings.weight.shape[0]
-            if shape[1] > limit:
-                raise ValueError(
-                    f"{name}: a sequence of {shape[1]} tokens is longer than "
-                    f"max_position_embeddings={limit}."
-                )
+            check_positions(name, shape[1], shape[1] - 1, limit)
             positions = jnp.arange(shape[1])[None, :]
         x = self.embeddings(words, positions, key=k_emb)
         return self.transformer(x, attention_bias(attention_mask, shape, x.dtype), key=k_enc)

@@ -38,6 +38,7 @@ from ._bert_layers import (
     LMHead,
     WordPositionEmbeddings,
     check_ids,
+    check_positions,
     embed_inputs,
     make_classification_head,
     make_lm_head,
@@ -70,6 +71,9 @@ _VALUES: dict[str, Value] = {
 }
 _PAD = 1  # transformers' MPNetEmbeddings.padding_idx
 _BUCKETS, _MAX_DISTANCE = 32, 128  # what transformers' MPNetEncoder computes with
+
+
+_SPAN = 128  # transformers' max_distance for MPNet's buckets
 
 
 def relative_position_bucket(relative: np.ndarray) -> np.ndarray:
@@ -152,9 +156,12 @@ class MPNetEncoder(Module):
     def __call__(self, x: Array, mask: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """Run every layer with the position bias of `0..seq-1`."""
         s = x.shape[1]
-        index = np.arange(s)
-        buckets = relative_position_bucket(index[None, :] - index[:, None])
-        bias = self.relative_attention_bias(jnp.asarray(buckets))  # (seq, seq, heads)
+        # From distance 128 on every distance shares its direction's last bucket: a table over
+        # -128..128 serves any length (a symbolic one under jax.export).
+        index = jnp.arange(s)
+        relative = jnp.clip(index[None, :] - index[:, None], -_SPAN, _SPAN)
+        buckets = jnp.asarray(relative_position_bucket(np.arange(-_SPAN, _SPAN + 1)))
+        bias = self.relative_attention_bias(buckets[relative + _SPAN])  # (seq, seq, heads)
         bias = jnp.transpose(bias, (2, 0, 1))[None].astype(x.dtype)
         out: Array = self.layer(x, mask, bias, key=key)
         return out
@@ -346,11 +353,7 @@ class MPNetModel(PretrainedModel):
         positions = check_ids(name, "position_ids", position_ids, None)
         if positions is None:
             limit = self.embeddings.position_embeddings.weight.shape[0]
-            if shape[1] + _PAD >= limit:
-                raise ValueError(
-                    f"{name}: a sequence of {shape[1]} tokens needs position {shape[1] + _PAD}; "
-                    f"max_position_embeddings is {limit}."
-                )
+            check_positions(name, shape[1], shape[1] + _PAD, limit)
             positions = padded_positions(ids, shape, _PAD)
         x = self.embeddings(words, positions, key=k_emb)
         mask = None

@@ -94,9 +94,11 @@ class T5Attention(Module):
             keys: the number of keys, at positions `0 .. keys - 1`.
         """
         assert self.relative_attention_bias is not None
-        span = keys  # queries are at positions below `keys`
+        # From `max_distance` on every distance shares its direction's last bucket: a table
+        # over -max_distance..max_distance serves any length (a symbolic one under jax.export).
+        span = self.max_distance
         table = bucket_table(span, self.bidirectional, self.num_buckets, self.max_distance)
-        relative = jnp.arange(keys)[None, :] - queries[:, None]
+        relative = jnp.clip(jnp.arange(keys)[None, :] - queries[:, None], -span, span)
         values = self.relative_attention_bias.weight[table[relative + span]]
         return jnp.transpose(values, (2, 0, 1))[None]
 
