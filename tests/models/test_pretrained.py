@@ -209,3 +209,33 @@ def test_damaged_header_names_the_file(tmp_path: Path) -> None:
         tm.CheckpointError, match=rf"{file}.* is damaged: its header is not valid JSON"
     ):
         from_pretrained(tmp_path)
+
+
+def test_remat_reaches_every_stack_and_keeps_gradients(tmp_path: Path) -> None:
+    from treemod.models import LlamaForCausalLM, save_pretrained
+
+    config = {
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 24,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    save_pretrained(LlamaForCausalLM.from_config(config, key=jax.random.key(0)), tmp_path)
+    plain = from_pretrained(tmp_path)
+    dots = from_pretrained(tmp_path, remat="dots")
+    assert plain.model.layers.remat is False and dots.model.layers.remat == "dots"
+
+    def loss(model: Any, ids: Any) -> Any:
+        return jnp.sum(model(input_ids=ids) ** 2)
+
+    ids = jnp.array([[1, 5, 9, 3]])
+    want = tm.filter_jit(tm.filter_grad(loss))(plain, ids)
+    got = tm.filter_jit(tm.filter_grad(loss))(dots, ids)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    jaxpr = str(jax.make_jaxpr(lambda: tm.filter_grad(loss)(dots, ids))())
+    assert "checkpoint" in jaxpr or "remat" in jaxpr
+    with pytest.raises(Exception, match="remat"):
+        from_pretrained(tmp_path, remat="sometimes")

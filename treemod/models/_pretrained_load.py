@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+import treemod.nn as nn
 from treemod._saving.errors import CheckpointError
 from treemod._saving.safetensors_files import FileTensor, aligned_empty
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.report import StateDictMismatch, StateDictReport, compare_tensors
 from treemod._state_dict.walk import expected_tensors, name_tensors, rebuild
 from treemod._transforms.eval_shape import filter_eval_shape
+from treemod._transforms.remat import RematPolicy
 from treemod.models._base import PretrainedConfig, PretrainedModel, architecture_class
 from treemod.models._files import (
     CONFIG,
@@ -55,6 +57,7 @@ def from_pretrained(
     sharding: ShardingLike | None = None,
     key: Any = None,
     architecture: str | type[PretrainedModel] | None = None,
+    remat: bool | RematPolicy = False,
 ) -> PretrainedModel: ...
 
 
@@ -67,6 +70,7 @@ def from_pretrained(
     sharding: ShardingLike | None = None,
     key: Any = None,
     architecture: str | type[PretrainedModel] | None = None,
+    remat: bool | RematPolicy = False,
 ) -> tuple[PretrainedModel, StateDictReport]: ...
 
 
@@ -78,6 +82,7 @@ def from_pretrained(
     sharding: ShardingLike | None = None,
     key: Any = None,
     architecture: str | type[PretrainedModel] | None = None,
+    remat: bool | RematPolicy = False,
 ) -> PretrainedModel | tuple[PretrainedModel, StateDictReport]:
     """Load a local Hugging Face checkpoint directory into the treemod model its config names.
 
@@ -110,6 +115,9 @@ def from_pretrained(
             model with a head loads into its base model this way (the head's tensors are then
             unexpected: pass `strict=False`), and a base model's checkpoint into the model with
             a head (as `transformers`' `GPT2LMHeadModel.from_pretrained` does).
+        remat: the rematerialisation policy of the model's layer stacks (`nn.Stack`), for
+            training: `True` (save nothing), `"dots"`, checkpoint names, or a
+            `jax.checkpoint_policies` function (see `nn.Stack`); default `False`.
 
     Returns:
         The model, or `(model, report)` with `strict=False`.
@@ -177,7 +185,18 @@ def from_pretrained(
     loaded, report = load_into(
         skeleton, checkpoint, strict=strict, sharding=sharding, build=build_concrete
     )
+    if remat is not False:
+        loaded = with_remat(loaded, remat)
     return loaded if strict else (loaded, report)
+
+
+def with_remat(model: Any, remat: bool | RematPolicy) -> Any:
+    """`model` with every `nn.Stack` in it rematerialising by `remat` (see `from_pretrained`)."""
+
+    def one(x: Any) -> Any:
+        return x.with_remat(remat) if isinstance(x, nn.Stack) else x
+
+    return jax.tree.map(one, model, is_leaf=lambda x: isinstance(x, nn.Stack))
 
 
 def _checkpoint_dtype(checkpoint: Checkpoint) -> Any:

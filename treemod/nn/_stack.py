@@ -104,6 +104,25 @@ class Stack(Module, check_descendants=False):
         self.unroll = unroll
         self.remat = remat
 
+    def with_remat(self, remat: bool | RematPolicy) -> Stack:
+        """This stack with another rematerialisation policy (`remat` as `Stack`'s).
+
+        Arguments:
+            remat: `False`, `True`, or a policy (`"dots"`, names, a `jax.checkpoint_policies`
+                function).
+
+        Returns:
+            A new `Stack` holding the same layers.
+
+        Example:
+            >>> import jax, treemod as tm
+            >>> stack = tm.nn.Stack(lambda k: tm.nn.Linear(3, 3, key=k), 2, key=jax.random.key(0))
+            >>> stack.with_remat("dots").remat
+            'dots'
+        """
+        _check_remat("Stack.with_remat", remat)
+        return _template(type(self), self.layers, self.num_layers, self.unroll, remat)
+
     @classmethod
     def from_layers(
         cls, layers: Sequence[Any], *, unroll: int = 1, remat: bool | RematPolicy = False
