@@ -18,6 +18,7 @@ import jax.numpy as _jnp
 import jax.tree_util as _jtu
 
 from treemod._compile_report.api import compile_report
+from treemod._compile_report.memory import MemoryReport, MemoryRow, memory_report
 from treemod._compile_report.report import CompileReport, PathCost, ProgramCost
 from treemod._format.describe import describe_array as _describe_array
 from treemod._format.paths import function_name as _function_name
@@ -41,6 +42,9 @@ __all__ = [
     "backward_nan",
     "breakpoint_if",
     "compile_report",
+    "memory_report",
+    "MemoryReport",
+    "MemoryRow",
     "get_num_traces",
     "inspect_dce",
     "store_dce",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from treemod._transforms.roll import UNIT_MARK, contains_units, eval_rolled
 from treemod._transforms.wrapper import split_fn
 from treemod._tree.filters import IS_ARRAY_TYPE
 
-__all__ = ["ONCE_MARKER", "compile_report"]
+__all__ = ["ONCE_MARKER", "Traced", "compile_report", "trace_scoped"]
 
 # The marker in the names of `compile_once`'s nested programs.
 ONCE_MARKER = UNIT_MARK
@@ -93,47 +94,15 @@ def compile_report(
     if cold:
         clear_caches()
         jax.clear_caches()
-    target = _unwrap(fn)
-    name = function_name(target)
-    fn_tree, call = split_fn(target)
-    labels, kw_labels = argument_labels(target, args, kwargs)
-    root = name if name not in (*labels, *kw_labels, "self") else f"{name}()"
-    leaves, treedef = jtu.tree_flatten((fn_tree, args, kwargs))
-    mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
-    dynamic, static = split_leaves(leaves, mask)
-    recorder = Recorder(root)
-
-    def traced(dynamic: list[Any]) -> list[Any]:
-        t_fn, t_args, t_kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
-        # Paths of the objects this trace sees (the unflattened ones), not the caller's.
-        found = [] if t_fn is None else list(module_paths(t_fn, "self"))
-        for value, label in zip(t_args, labels, strict=True):
-            found += module_paths(value, label)
-        for key, value in t_kwargs.items():
-            found += module_paths(value, kw_labels[key])
-        for instance, path in found:
-            recorder.add(instance, path)
-        with recording(recorder, {type(m) for m, _ in found}):
-            if t_fn is None:
-                out = recorder.run_root(lambda: target(*t_args, **t_kwargs))
-            elif call is None:
-                out = recorder.run_root(lambda: t_fn(*t_args, **t_kwargs))
-            else:
-                out = recorder.run_root(lambda: call(t_fn, *t_args, **t_kwargs))
-        return [x for x in jtu.tree_leaves(out) if IS_ARRAY_TYPE[type(x)]]
-
-    traced.__name__ = traced.__qualname__ = name  # JAX names the program after it
-    start = time.perf_counter()
-    stage = jax.jit(traced).trace(dynamic)
-    trace_s = time.perf_counter() - start
-    start = time.perf_counter()
-    if contains_units(stage.jaxpr.jaxpr):
-        # Lowered as `filter_jit` lowers it: independent `compile_once` calls rolled into loops.
-        closed = stage.jaxpr
-        lowered = jax.jit(lambda d: eval_rolled(closed, jtu.tree_leaves(d))).lower(dynamic)
-    else:
-        lowered = stage.lower()
-    lower_s = time.perf_counter() - start
+    traced = trace_scoped(fn, args, kwargs)
+    name, root, recorder, stage, lowered = (
+        traced.name,
+        traced.root,
+        traced.recorder,
+        traced.stage,
+        traced.lowered,
+    )
+    trace_s, lower_s = traced.trace_s, traced.lower_s
     compile_s = fusions = None
     if compile:
         start = time.perf_counter()
@@ -184,3 +153,82 @@ def compile_report(
 def _count_fusions(hlo: str) -> int:
     """Fusion instructions in XLA's optimised HLO text (`... = f32[...] fusion(...)`)."""
     return sum(line.count(" fusion(") for line in hlo.splitlines())
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """One scoped trace of a function (see `trace_scoped`)."""
+
+    name: str
+    root: str
+    labels: tuple[str, ...]  # the positional arguments' names in paths
+    recorder: Recorder
+    stage: Any  # jax.stages.Traced
+    lowered: Any  # jax.stages.Lowered
+    dynamic: list[Any]
+    trace_s: float
+    lower_s: float
+
+
+def trace_scoped(
+    fn: Callable[..., Any], args: Any, kwargs: Any, *, model_only: bool = False
+) -> Traced:
+    """Trace and lower `fn(*args, **kwargs)` as `filter_jit` would, each module of the
+    arguments called under a `jax.named_scope` of its key path (`compile_report`'s trace, also
+    `memory_report`'s).
+
+    Arguments:
+        fn: a function, a module, a bound method, or a `filter_jit` of one of those.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+        model_only: scope only the modules of the first argument holding modules (the model;
+            an optimiser state's copies of its structure would make paths ambiguous).
+
+    Returns:
+        The `Traced` record: names, the recorder of module calls, JAX's traced and lowered
+        stages, the dynamic arguments, and the trace and lowering times.
+    """
+    target = _unwrap(fn)
+    name = function_name(target)
+    fn_tree, call = split_fn(target)
+    labels, kw_labels = argument_labels(target, args, kwargs)
+    root = name if name not in (*labels, *kw_labels, "self") else f"{name}()"
+    leaves, treedef = jtu.tree_flatten((fn_tree, args, kwargs))
+    mask = tuple(IS_ARRAY_TYPE[type(x)] for x in leaves)
+    dynamic, static = split_leaves(leaves, mask)
+    recorder = Recorder(root)
+
+    def traced(dynamic: list[Any]) -> list[Any]:
+        t_fn, t_args, t_kwargs = jtu.tree_unflatten(treedef, merge_leaves(mask, dynamic, static))
+        # Paths of the objects this trace sees (the unflattened ones), not the caller's.
+        found = [] if t_fn is None else list(module_paths(t_fn, "self"))
+        for value, label in zip(t_args, labels, strict=True):
+            if not (model_only and found):
+                found += module_paths(value, label)
+        for key, value in t_kwargs.items():
+            if not (model_only and found):
+                found += module_paths(value, kw_labels[key])
+        for instance, path in found:
+            recorder.add(instance, path)
+        with recording(recorder, {type(m) for m, _ in found}):
+            if t_fn is None:
+                out = recorder.run_root(lambda: target(*t_args, **t_kwargs))
+            elif call is None:
+                out = recorder.run_root(lambda: t_fn(*t_args, **t_kwargs))
+            else:
+                out = recorder.run_root(lambda: call(t_fn, *t_args, **t_kwargs))
+        return [x for x in jtu.tree_leaves(out) if IS_ARRAY_TYPE[type(x)]]
+
+    traced.__name__ = traced.__qualname__ = name  # JAX names the program after it
+    start = time.perf_counter()
+    stage = jax.jit(traced).trace(dynamic)
+    trace_s = time.perf_counter() - start
+    start = time.perf_counter()
+    if contains_units(stage.jaxpr.jaxpr):
+        # Lowered as `filter_jit` lowers it: independent `compile_once` calls rolled into loops.
+        closed = stage.jaxpr
+        lowered = jax.jit(lambda d: eval_rolled(closed, jtu.tree_leaves(d))).lower(dynamic)
+    else:
+        lowered = stage.lower()
+    lower_s = time.perf_counter() - start
+    return Traced(name, root, tuple(labels), recorder, stage, lowered, dynamic, trace_s, lower_s)
