@@ -4,7 +4,8 @@
 (one implementation, one message); `backward_nan` shows a value's cotangent on the backward
 pass; `breakpoint_if` stops in the debugger when a traced predicate holds; `store_dce` and
 `inspect_dce` show which arrays the compiler removed as dead code; `compile_report` shows what
-tracing and lowering cost per module path (`treemod/_compile_report/`).
+tracing and lowering cost per module path, and `memory_report` where a step's memory goes per
+module path (`treemod/_compile_report/`).
 """
 
 import functools as _functools
