@@ -19,6 +19,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import field
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import causal_mask, token_inputs
 from treemod.models._base import (
     PretrainedConfig,
@@ -308,6 +309,7 @@ class LlamaModel(PretrainedModel):
         return self.norm(hidden), cache
 
 
+@axis_names({"lm_head.weight": ("vocab", "embed")})
 class LlamaForCausalLM(CausalLM):
     """A Llama-family decoder with its language-modelling head: returns `logits`.
 

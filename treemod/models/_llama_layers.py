@@ -17,6 +17,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import attend
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
@@ -35,6 +36,18 @@ __all__ = [
 ]
 
 
+# Axis names for `tm.shard`: attention splits by heads, the MLP by its hidden units (Megatron).
+@axis_names(
+    {
+        "q_proj.weight": ("heads", "embed"),
+        "k_proj.weight": ("heads", "embed"),
+        "v_proj.weight": ("heads", "embed"),
+        "q_proj.bias": ("heads",),
+        "k_proj.bias": ("heads",),
+        "v_proj.bias": ("heads",),
+        "o_proj.weight": ("embed", "heads"),
+    }
+)
 class LlamaAttention(Module):
     """Multi-head attention with `num_key_value_heads` shared key-value heads and RoPE.
 
@@ -136,6 +149,7 @@ def attention_output(
     return attn.o_proj(out.reshape(batch, seq, q.shape[2] * q.shape[3])), cache
 
 
+@axis_names({"down_proj.weight": ("embed", "mlp")})
 class LlamaMLP(Module):
     """SwiGLU: `down_proj(act(gate_proj(x)) * up_proj(x))`."""
 
