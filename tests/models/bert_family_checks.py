@@ -18,6 +18,7 @@ import numpy as np
 import peft
 import safetensors.numpy
 import torch
+from lm_reference import run
 
 import treemod as tm
 import treemod.lora as lora
@@ -45,11 +46,6 @@ def twin(cls: Any, hf: Any) -> Any:
         assert tensors[alias] is tensors[source] or torch.equal(tensors[alias], tensors[source])
         del tensors[alias]
     return tm.load_state_dict(model, tensors)
-
-
-@tm.filter_jit
-def run(model: Any, inputs: dict[str, Any]) -> jax.Array:
-    return model(**inputs)
 
 
 def reference(hf: Any, inputs: dict[str, np.ndarray]) -> torch.Tensor:
