@@ -29,6 +29,7 @@ def test_rows_and_totals_of_a_training_step() -> None:
     rows = {r.path: r for r in report.rows}
     first = (16 * 128 + 128) * 4
     assert rows["model.layers[0]"].param_bytes == first
+    assert rows["model.layers[0]"].grad_bytes == first  # the step differentiates through it
     assert rows["model"].param_bytes == (16 * 128 + 128 + 128 * 128 + 128 + 128 * 4 + 4) * 4
     # Adam keeps mu and nu per parameter.
     assert rows["model.layers[0]"].optimiser_bytes == 2 * first
@@ -41,3 +42,9 @@ def test_rows_and_totals_of_a_training_step() -> None:
     assert report.output_bytes == compiled.output_size_in_bytes
     text = str(report)
     assert "model.layers[0]" in text and "XLA: arguments" in text
+
+
+def test_a_forward_step_has_no_gradients() -> None:
+    mlp = tm.nn.MLP(16, 4, 128, 2, key=jax.random.key(0))
+    report = tm.debug.memory_report(lambda m, x: m(x).sum(), mlp, jnp.ones((32, 16)))
+    assert all(r.grad_bytes == 0 for r in report.rows)

@@ -2,13 +2,13 @@
 
 The step is traced as `compile_report` traces it (each module of the arguments under a
 `jax.named_scope` of its key path) and compiled once. The first argument that holds modules is
-the model; per module path of it: the bytes of its
-parameters and state (its arrays), of the optimiser state that mirrors its parameters (any
-other argument's arrays whose key path ends with the parameter's path, as optax's `mu`/`nu`
-do), and of the activations its forward equations produce (the values a backward pass may keep:
-what rematerialisation or smaller batches reduce). XLA's `memory_analysis()` of the compiled
-step gives the totals: arguments, outputs, temporaries (the peak of the live intermediate
-buffers), generated code.
+the model; per module path of it: the bytes of its parameters (and of their gradients, where
+the step differentiates through it) and state (its arrays), of the optimiser state that mirrors
+its parameters (any other argument's arrays whose key path ends with the parameter's path, as
+optax's `mu`/`nu` do), and of the activations its forward equations produce (the values a
+backward pass may keep: what rematerialisation or smaller batches reduce). XLA's
+`memory_analysis()` of the compiled step gives the totals: arguments, outputs, temporaries (the
+peak of the live intermediate buffers), generated code.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class MemoryRow:
         path: the module's key path (`model.layers`).
         type_name: its class.
         param_bytes: its parameters (floating arrays outside `State`).
+        grad_bytes: the gradients of its parameters, when the step differentiates through it
+            (its backward equations are in the program); 0 otherwise.
         state_bytes: its `State` arrays.
         optimiser_bytes: the optimiser state of its parameters.
         activation_bytes: the values its forward equations produce (itself, not its children).
@@ -45,6 +47,7 @@ class MemoryRow:
     path: str
     type_name: str
     param_bytes: int
+    grad_bytes: int
     state_bytes: int
     optimiser_bytes: int
     activation_bytes: int
@@ -73,12 +76,15 @@ class MemoryReport:
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
 
     def __str__(self) -> str:
-        head = ("path", "type", "params", "state", "optimiser", "activations")
+        head = ("path", "type", "params", "grads", "state", "optimiser", "activations")
         rows = [head] + [
             (
                 r.path,
                 r.type_name,
-                *(_bytes(n) for n in (r.param_bytes, r.state_bytes, r.optimiser_bytes)),
+                *(
+                    _bytes(n)
+                    for n in (r.param_bytes, r.grad_bytes, r.state_bytes, r.optimiser_bytes)
+                ),
                 _bytes(r.activation_bytes),
             )
             for r in self.rows
@@ -146,10 +152,14 @@ def memory_report(step: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Mem
     analysis = compiled.memory_analysis()
     read = ScopeReader(traced.recorder.scopes)
     activations: Counter[str] = Counter()
+    backward: set[str] = set()
     for eqn in traced.stage.jaxpr.jaxpr.eqns:
         stack = str(eqn.source_info.name_stack)
         paths = read(stack)
-        if not paths or "transpose(" in stack:
+        if not paths:
+            continue
+        if "transpose(" in stack:
+            backward.update(paths)
             continue
         for v in eqn.outvars:
             aval: Any = getattr(v, "aval", None)
@@ -167,11 +177,13 @@ def memory_report(step: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Mem
     for module, path, rel in modules:
         own = [rel + p for p in _array_paths(module, "")]
         state = _state_bytes(module)
+        params = sum(_array_paths(module, "").values()) - state
         rows.append(
             MemoryRow(
                 path=path,
                 type_name=type(module).__name__,
-                param_bytes=sum(_array_paths(module, "").values()) - state,
+                param_bytes=params,
+                grad_bytes=params if path in backward else 0,
                 state_bytes=state,
                 optimiser_bytes=sum(
                     n for p, n in mirrors.items() if any(p.endswith(q) for q in own)
