@@ -85,6 +85,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:The chararray class is deprecated:DeprecationWarning"
     )
+    # Older transformers releases (the oldest end resolves one) decorate DeBERTa's helpers with
+    # `torch.jit.script`, which torch 2.14 deprecates when the module is imported.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:`torch.jit.script` is deprecated:FutureWarning"
+    )
     require_references(os.environ)
 
 

@@ -52,7 +52,9 @@ def _plain_loss(params: list[dict[str, Any]], x: Any) -> Any:
 @pytest.mark.parametrize(
     ("remat", "saved"),
     [
-        (False, ["f32[12,4,16]", "f32[12,4,32]", "f32[12,4,32]", "f32[12,4,16]"]),
+        # Without remat JAX's autodiff decides (jax 0.10 keeps one more hidden value than 0.12):
+        # at least the inputs and both hidden values per layer.
+        (False, None),
         (True, ["f32[12,4,16]"]),  # each layer's input only
         ("nothing", ["f32[12,4,16]"]),
         (["hidden"], ["f32[12,4,32]", "f32[12,4,16]"]),  # the named value, and the inputs
@@ -60,7 +62,7 @@ def _plain_loss(params: list[dict[str, Any]], x: Any) -> Any:
     ],
 )
 def test_stack_saves_what_the_policy_names_and_gradients_are_plain_jaxs(
-    remat: Any, saved: list[str]
+    remat: Any, saved: list[str] | None
 ) -> None:
     stack = nn.Stack(Block, DEPTH, key=jax.random.key(0), remat=remat)
     arrays, static = tm.partition(stack, tm.is_array)
@@ -70,7 +72,11 @@ def test_stack_saves_what_the_policy_names_and_gradients_are_plain_jaxs(
         return jnp.sum(tm.combine(arrays, static)(x) ** 2)
 
     lines = [line for line in _residuals(loss, arrays, x) if "output of scan" in line]
-    assert [line.split()[0] for line in lines] == saved, lines
+    kinds = [line.split()[0] for line in lines]
+    if saved is None:
+        assert kinds.count("f32[12,4,32]") >= 2 and "f32[12,4,16]" in kinds, lines
+    else:
+        assert kinds == saved, lines
     params = [
         {"up_w": b.up.weight, "up_b": b.up.bias, "down_w": b.down.weight, "down_b": b.down.bias}
         for b in stack

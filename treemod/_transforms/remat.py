@@ -37,8 +37,9 @@ def checkpoint_policy(policy: Any, owner: str = "filter_checkpoint") -> Callable
 
     Example:
         >>> from treemod._transforms.remat import checkpoint_policy
-        >>> checkpoint_policy("dots").__name__
-        'dots_with_no_batch_dims_saveable'
+        >>> import jax
+        >>> checkpoint_policy("dots") is jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+        True
     """
     if policy is None or callable(policy):
         chosen: Callable[..., bool] | None = policy
