@@ -59,8 +59,11 @@ class MemoryReport:
 
     Arguments:
         rows: one `MemoryRow` per module path, the largest total first.
-        argument_bytes, output_bytes, temp_bytes, code_bytes, alias_bytes: XLA's
-            `memory_analysis()` of the compiled step.
+        argument_bytes: XLA's `memory_analysis()` of the compiled step: its arguments,
+        output_bytes: its outputs,
+        temp_bytes: its temporaries (the peak of the live intermediate buffers),
+        code_bytes: its generated code,
+        alias_bytes: the outputs that reuse argument buffers.
     """
 
     rows: tuple[MemoryRow, ...]

@@ -38,7 +38,7 @@ __all__ = ["GenerateOutput", "generate"]
 class GenerateOutput(NamedTuple):
     """`generate(..., output_scores=True)`'s result.
 
-    Arguments:
+    Attributes:
         sequences: `(batch, prompt_len + n)` int32 ids, as `generate` returns them.
         scores: `(batch, n)` float32, the log-probability of each new token under the processed
             (and, when sampling, warped) distribution it was chosen from: `transformers`'

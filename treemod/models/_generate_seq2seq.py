@@ -87,10 +87,23 @@ def generate_seq2seq(
         attention_mask: `(batch, src_len)`, 1 for tokens and 0 for padding.
         input_features: `(batch, num_mel_bins, frames)` log-mel features (Whisper).
         decoder_input_ids: `(batch, prompt_len)` or `(1, prompt_len)` decoder prompt ids.
-        other arguments: as `generate`'s (`do_sample`, `temperature`, `top_k`, `top_p`,
-            `min_p`, `repetition_penalty`, `min_new_tokens`, `max_length`, `min_length`,
-            `eos_token_id`, `pad_token_id`, `suppress_tokens`, `begin_suppress_tokens`,
-            `generation_config`, `output_scores`, `streamer`, `key`).
+        do_sample: as `generate`'s.
+        temperature: as `generate`'s.
+        top_k: as `generate`'s.
+        top_p: as `generate`'s.
+        min_p: as `generate`'s.
+        repetition_penalty: as `generate`'s.
+        min_new_tokens: as `generate`'s.
+        max_length: as `generate`'s.
+        min_length: as `generate`'s.
+        eos_token_id: as `generate`'s.
+        pad_token_id: as `generate`'s.
+        suppress_tokens: as `generate`'s.
+        begin_suppress_tokens: as `generate`'s.
+        generation_config: as `generate`'s.
+        output_scores: as `generate`'s.
+        streamer: as `generate`'s.
+        key: as `generate`'s.
 
     Returns:
         `(batch, prompt_len + n)` int32 decoder ids: the prompt followed by
