@@ -43,7 +43,16 @@ from treemod._saving.file_objects import check_file_object, file_label
 from treemod._saving.safetensors_dtypes import DTYPES, STANDARD, dtype_name, storage
 from treemod._saving.safetensors_header import MAX_HEADER_BYTES, MAX_TENSORS
 
-__all__ = ["TensorInfo", "write_checkpoint", "write_tensors"]
+__all__ = [
+    "TensorInfo",
+    "check_header_size",
+    "encode_header",
+    "fetch_bytes",
+    "host_bytes",
+    "plain_layout",
+    "write_checkpoint",
+    "write_tensors",
+]
 
 FORMAT = "treemod"
 VERSION = 1
@@ -71,14 +80,14 @@ def header_digest(table: dict[str, Any], metadata: dict[str, str]) -> str:
     return hashlib.sha256(canonical({"tensors": table, "metadata": meta}).encode()).hexdigest()
 
 
-def _encode_header(table: dict[str, Any], metadata: dict[str, str]) -> bytes:
+def encode_header(table: dict[str, Any], metadata: dict[str, str]) -> bytes:
     header = dict(table)
     header["__metadata__"] = metadata
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     return raw + b" " * (-len(raw) % 8)
 
 
-def _host_bytes(array: Any) -> memoryview:
+def host_bytes(array: Any) -> memoryview:
     """The array's little-endian bytes, as a flat byte view (one host copy at most)."""
     host = np.ascontiguousarray(np.asarray(array))
     if host.dtype.byteorder == ">" or (host.dtype.byteorder == "=" and sys.byteorder == "big"):
@@ -93,25 +102,76 @@ def _sha256(data: memoryview) -> str:
 def _hash_all(entries: Sequence[tuple[Any, ...]], digests: dict[str, str]) -> None:
     """Fill `digests` by fetching and hashing each array once, before anything is written."""
     for name, array, *_ in entries:
-        digests[name] = _sha256(_fetch(name, array))
+        digests[name] = _sha256(fetch_bytes(name, array))
 
 
-def _fetch(name: str, array: Any, caller: str = "save") -> memoryview:
+def fetch_bytes(name: str, array: Any, caller: str = "save") -> memoryview:
     try:
-        return _host_bytes(array)
+        return host_bytes(array)
     except Exception as e:
         raise RuntimeError(
             f"{caller}: could not fetch the array at {name} ({type(e).__name__}: {e})"
         ) from e
 
 
-def _check_header_size(header: bytes, caller: str) -> None:
+def check_header_size(header: bytes, caller: str) -> None:
     if len(header) > MAX_HEADER_BYTES:
         raise ValueError(
             f"{caller}: the checkpoint's header would be {len(header):,} bytes, more than the "
             f"{MAX_HEADER_BYTES:,} bytes safetensors readers accept (very long str leaves or key "
             "paths?). Store large data as arrays."
         )
+
+
+Entry = tuple[str, Any, str, str, list[int], int]  # name, array, dtype, code, shape, bytes
+
+
+def _layout(
+    tensors: Sequence[tuple[str, Any]], treemod_format: bool, caller: str
+) -> tuple[list[Entry], dict[str, Any]]:
+    """The tensors in file order and the header's table (each tensor's dtype, shape, offsets)."""
+    entries: list[Entry] = []
+    for name, array in tensors:
+        dname = dtype_name(array.dtype)
+        if not treemod_format and dname not in STANDARD:
+            raise TypeError(
+                f"{caller}: tensor {name!r} is {dname}, which a safetensors file cannot hold "
+                f"(it holds {', '.join(STANDARD)}); cast it first."
+            )
+        code, shape = storage(dname, tuple(array.shape))
+        nbytes = math.prod(array.shape) * DTYPES[dname].itemsize
+        entries.append((name, array, dname, code, shape, nbytes))
+    # Largest items first keeps every tensor aligned to its item size, as safetensors does.
+    entries.sort(key=lambda e: -DTYPES[e[2]].itemsize)
+    table: dict[str, Any] = {}
+    offset = 0
+    for name, _, _, code, shape, nbytes in entries:
+        table[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    return entries, table
+
+
+def plain_layout(
+    tensors: Sequence[tuple[str, Any]], metadata: dict[str, str], caller: str
+) -> tuple[bytes, list[tuple[str, Any, int]]]:
+    """The header of the plain safetensors file `write_tensors` writes for `tensors`, and each
+    tensor with its offset in the file: what a writer needs to put the bytes anywhere in any
+    order (the shards of a model split across processes) and get the same file.
+
+    Arguments:
+        tensors: `(name, array)` pairs (anything with `dtype` and `shape`).
+        metadata: the header's `__metadata__`.
+        caller: the function named in errors.
+
+    Returns:
+        The file's first bytes (length and header) and `(name, array, file offset)` per tensor.
+    """
+    entries, table = _layout(tensors, False, caller)
+    header = encode_header(table, dict(metadata))
+    check_header_size(header, caller)
+    start = 8 + len(header)
+    placed = [(name, array, start + table[name]["data_offsets"][0]) for name, array, *_ in entries]
+    return struct.pack("<Q", len(header)) + header, placed
 
 
 def _write(
@@ -135,31 +195,14 @@ def _write(
             f"{caller}: the tree has {len(tensors):,} arrays, more than the {MAX_TENSORS:,} a "
             "checkpoint may hold. Stack many small arrays into fewer large ones."
         )
-    entries = []
-    for name, array in tensors:
-        dname = dtype_name(array.dtype)
-        if not treemod_format and dname not in STANDARD:
-            raise TypeError(
-                f"{caller}: tensor {name!r} is {dname}, which a safetensors file cannot hold "
-                f"(it holds {', '.join(STANDARD)}); cast it first."
-            )
-        code, shape = storage(dname, tuple(array.shape))
-        nbytes = math.prod(array.shape) * DTYPES[dname].itemsize
-        entries.append((name, array, dname, code, shape, nbytes))
-    # Largest items first keeps every tensor aligned to its item size, as safetensors does.
-    entries.sort(key=lambda e: -DTYPES[e[2]].itemsize)
-    table: dict[str, Any] = {}
-    offset = 0
-    for name, _, _, code, shape, nbytes in entries:
-        table[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
+    entries, table = _layout(tensors, treemod_format, caller)
     if not treemod_format:
-        header = _encode_header(table, dict(metadata))
-        _check_header_size(header, caller)
+        header = encode_header(table, dict(metadata))
+        check_header_size(header, caller)
         f.write(struct.pack("<Q", len(header)))
         f.write(header)
         for name, array, *_ in entries:
-            f.write(_fetch(name, array, caller))
+            f.write(fetch_bytes(name, array, caller))
         return
     meta = {"treemod.format": FORMAT, "treemod.version": str(VERSION)}
     meta["treemod.dtypes"] = canonical({e[0]: e[2] for e in entries if e[2] not in STANDARD})
@@ -169,8 +212,8 @@ def _write(
     if not rewrite_header:
         _hash_all(entries, digests)
     meta["treemod.sha256"] = canonical(digests)
-    header = _encode_header(table, meta)
-    _check_header_size(header, caller)
+    header = encode_header(table, meta)
+    check_header_size(header, caller)
 
     start = f.tell() if rewrite_header else 0
     f.write(struct.pack("<Q", len(header)))
@@ -183,7 +226,7 @@ def _write(
                     entries[i + 1][1].copy_to_host_async()  # overlap the next transfer too
                 except Exception:  # reported, with its name, when that array is fetched
                     pass
-            data = _fetch(name, array, caller)
+            data = fetch_bytes(name, array, caller)
             if rewrite_header:
                 digest = hasher.submit(_sha256, data)
                 f.write(data)
@@ -195,7 +238,7 @@ def _write(
         return
     end = f.tell()
     meta["treemod.sha256"] = canonical(digests)
-    final = _encode_header(table, meta)
+    final = encode_header(table, meta)
     assert len(final) == len(header)
     f.seek(start + 8)
     f.write(final)

@@ -21,6 +21,13 @@ import jax
 import jax.numpy as jnp
 
 from treemod._saving.safetensors_write import write_tensors
+from treemod._saving.sharded_write import (
+    is_split,
+    shared_tag,
+    spans_processes,
+    sync_processes,
+    write_tensors_sharded,
+)
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import expected_tensors, name_tensors
 from treemod._transforms.eval_shape import filter_eval_shape
@@ -60,16 +67,6 @@ def parse_size(size: int | str) -> int:
     )
 
 
-def _host(name: str, value: Any) -> Any:
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        raise ValueError(
-            f"save_pretrained: the model holds arrays split across processes ({name!r} is "
-            f"one); gather them on one process first "
-            f"(jax.experimental.multihost_utils.process_allgather)."
-        )
-    return value
-
-
 def _dtype_name(tensors: dict[str, Any]) -> str:
     sizes: dict[str, int] = {}
     for value in tensors.values():
@@ -91,6 +88,11 @@ def save_pretrained(
     once, under the name they are tied to. The generation defaults the model was loaded with
     (`model.config.generation`) go to `generation_config.json`. Other files in the directory (a
     tokenizer) are kept; old weight files and generation config are replaced.
+
+    A model split over devices is written a shard at a time, never a whole tensor on the host.
+    When its arrays span processes, every process calls `save_pretrained` with the same `path`
+    (on a disk they all see): each writes the shards it holds into the files, and process 0
+    the rest, so no host gathers the model.
 
     Arguments:
         model: a zoo model (`PretrainedModel`).
@@ -121,8 +123,12 @@ def save_pretrained(
         )
     limit = parse_size(max_shard_size)
     directory = directory_of(path)
-    _check_structure(model)
     named = name_tensors(model, NATIVE_HOOKS)
+    # Quantised layers go in transformers' bitsandbytes layout (treemod/quant/_hub.py).
+    from treemod.quant._hub import hub_save
+
+    named, quantization, float_names = hub_save(model, named)
+    _check_structure(model, float_names)
     for alias in model.tied_weights():
         named.pop(alias, None)
     tensors = {file_name(name, type(model).save_renames): value for name, value in named.items()}
@@ -131,6 +137,9 @@ def save_pretrained(
     config["model_type"] = type(model).model_type
     config["dtype"] = _dtype_name(tensors)
     config.pop("torch_dtype", None)
+    config.pop("quantization_config", None)
+    if quantization is not None:
+        config["quantization_config"] = quantization
 
     shards: list[list[str]] = [[]]
     size = 0
@@ -147,14 +156,26 @@ def save_pretrained(
         n = len(shards)
         files = {f"model-{i + 1:05d}-of-{n:05d}.safetensors": s for i, s in enumerate(shards)}
 
+    # Arrays split across processes: every process calls this and writes its shards into
+    # files process 0 creates (sharded_write.py); process 0 alone writes the rest.
+    across = spans_processes(tensors.values())
+    lead = not across or jax.process_index() == 0
+    tag = shared_tag() if across else os.getpid()
     directory.mkdir(parents=True, exist_ok=True)
     written: list[tuple[Path, Path]] = []  # (temporary, final)
     try:
         for file, names in files.items():
-            temporary = directory / f".tmp-{os.getpid()}-{file}"
+            temporary = directory / f".tmp-{tag}-{file}"
             written.append((temporary, directory / file))
-            write_tensors(temporary, [(n, _host(n, tensors[n])) for n in names], META, CALLER)
-            _fsync(temporary)
+            pairs = [(n, tensors[n]) for n in names]
+            if across or any(is_split(v) for _, v in pairs):
+                write_tensors_sharded(temporary, pairs, META, CALLER)  # a shard at a time
+            else:
+                write_tensors(temporary, pairs, META, CALLER)
+                _fsync(temporary)
+        if not lead:
+            sync_processes(f"{CALLER}: {directory} renamed")
+            return
         if len(files) > 1:
             total = sum(int(v.size) * v.dtype.itemsize for v in tensors.values())
             index = {
@@ -181,18 +202,18 @@ def save_pretrained(
             old.unlink()
     for temporary, final in written:
         os.replace(temporary, final)
+    if across:
+        sync_processes(f"{CALLER}: {directory} renamed")
 
 
-def _check_structure(model: PretrainedModel) -> None:
+def _check_structure(model: PretrainedModel, have: set[str]) -> None:
     """Refuse a model whose tensors are not its class's (unmerged LoRA adapters, a replaced
-    layer): `transformers` could not load the files, nor could `from_pretrained`."""
+    layer): `transformers` could not load the files, nor could `from_pretrained`. `have` is
+    the model's tensor names, each quantised layer's arrays counted as its float `weight`."""
     cls = type(model)
     abstract_key = jax.eval_shape(jax.random.key, 0)
     own = filter_eval_shape(lambda k: cls.from_config(model.config, key=k), abstract_key)
-    want, have = (
-        set(expected_tensors(own, NATIVE_HOOKS)),
-        set(expected_tensors(model, NATIVE_HOOKS)),
-    )
+    want = set(expected_tensors(own, NATIVE_HOOKS))
     if want == have:
         return
     extra, missing = sorted(have - want), sorted(want - have)
