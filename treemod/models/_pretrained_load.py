@@ -167,9 +167,16 @@ def from_pretrained(
     model_dtype = jnp.dtype(dtype) if dtype is not None else _checkpoint_dtype(checkpoint)
 
     full_config = PretrainedConfig(config, generation=read_generation_config(directory))
+    convert: Any = None
+    if "quantization_config" in config:  # the stored packed arrays load into quantised layers
+        from treemod.quant._hub import hub_loader
+
+        where = str(directory / CONFIG)
+        convert, checkpoint = hub_loader(config["quantization_config"], checkpoint, where)
 
     def build(k: Any) -> PretrainedModel:
-        return cls.from_config(full_config, key=k, dtype=model_dtype)
+        model = cls.from_config(full_config, key=k, dtype=model_dtype)
+        return model if convert is None else convert(model)
 
     # An abstract key: making a concrete one compiles a program (~0.7 s), needed only when a
     # partial load leaves tensors to draw at random.
@@ -351,7 +358,8 @@ def _fill(
         return
     assert isinstance(recipe, Stacked)
     for i, layer in enumerate(range(len(recipe.parts))[index[0]]):
-        _fill(recipe.parts[layer], index[1:], out[i], checkpoint, source_of)
+        # `out[i, ...]` is a view even where `out[i]` would be a scalar (a stacked 0-d tensor).
+        _fill(recipe.parts[layer], index[1:], out[i, ...], checkpoint, source_of)
 
 
 def _read(

@@ -1,0 +1,226 @@
+"""bitsandbytes checkpoints as transformers writes them, in and out: written by transformers with
+bitsandbytes' CPU backend (`BitsAndBytesConfig`, `save_pretrained`) from a small random Llama,
+loaded by `from_pretrained` into treemod's quantised layers with the stored arrays as they are
+(dequantised bit for bit as `bitsandbytes.functional` dequantises them), and written back by
+`save_pretrained` in the layout transformers loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import treemod.nn as nn
+import treemod.quant as quant
+from treemod import CheckpointError
+from treemod.models import from_pretrained, save_pretrained
+
+pytestmark = pytest.mark.slow
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+F = pytest.importorskip("bitsandbytes.functional")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+IDS = np.array([[1, 5, 7, 9, 11, 3]])
+SCHEMES = {
+    "nf4": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=False),
+    "nf4-double": dict(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True
+    ),
+    "int8": dict(load_in_8bit=True),
+}
+
+
+def _bits(x: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A float Llama and its three bitsandbytes checkpoints, all written by transformers."""
+    root = tmp_path_factory.mktemp("hub")
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "float")
+    out = {"float": root / "float"}
+    for name, options in SCHEMES.items():
+        model = _reference(root / "float", transformers.BitsAndBytesConfig(**options))
+        model.save_pretrained(root / name)
+        out[name] = root / name
+    return out
+
+
+def _reference(directory: Path, quantization: Any = None) -> Any:
+    return transformers.LlamaForCausalLM.from_pretrained(
+        directory, quantization_config=quantization, dtype=torch.float32, device_map="cpu"
+    )
+
+
+def _bnb_dequantised(module: Any) -> np.ndarray:
+    """bitsandbytes' own dequantisation of a transformers `Linear4bit` / `Linear8bitLt`."""
+    w = module.weight
+    if hasattr(w, "quant_state"):
+        return F.dequantize_4bit(w.data, w.quant_state).float().numpy()
+    return F.int8_vectorwise_dequant(w.data, w.SCB).float().numpy()
+
+
+def _float_reference(torch_model: Any) -> Any:
+    """A float transformers Llama holding bitsandbytes' dequantised weights of `torch_model`."""
+    model = transformers.LlamaForCausalLM(torch_model.config).float()
+    state = {}
+    for name, module in torch_model.named_modules():
+        if hasattr(module, "weight") and module.weight is not None:
+            w = module.weight
+            plain = w.dtype.is_floating_point and not hasattr(w, "quant_state")
+            state[f"{name}.weight"] = (
+                w.data if plain else torch.from_numpy(_bnb_dequantised(module))
+            )
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def _logits(model: Any) -> np.ndarray:
+    if isinstance(model, torch.nn.Module):
+        with torch.no_grad():
+            return model(torch.tensor(IDS)).logits.float().numpy()
+    return np.asarray(model(input_ids=jnp.asarray(IDS)))
+
+
+def _layer(model: Any, i: int, proj: str) -> Any:
+    """Layer `i`'s projection of a treemod Llama (its layers are a `Stack`)."""
+    stacked = model.model.layers.layers
+    part = stacked.self_attn if proj.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else (
+        stacked.mlp)  # fmt: skip
+    layer = getattr(part, proj)
+    return type(layer)(**{
+        k: (v[i] if hasattr(v, "shape") else v) for k, v in vars(layer).items()
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_loads_the_stored_arrays_and_dequantises_as_bitsandbytes(
+    hub: dict[str, Path], scheme: str
+) -> None:
+    model = from_pretrained(hub[scheme])
+    reference = _reference(hub[scheme])
+    stored = safetensors_torch.load_file(hub[scheme] / "model.safetensors")
+    want_cls = quant.Int8Linear if scheme == "int8" else quant.NF4Linear
+    assert type(model.lm_head).__name__ == "Linear"  # not converted, as transformers does
+    for i in range(2):
+        for proj in PROJ:
+            ours = _layer(model, i, proj)
+            assert type(ours) is want_cls
+            section = "self_attn" if proj in PROJ[:4] else "mlp"
+            name = f"model.layers.{i}.{section}.{proj}"
+            # The packed arrays are the file's, as they are.
+            file_weight = stored[f"{name}.weight"].numpy()
+            flat = file_weight if scheme == "int8" else file_weight.ravel()
+            assert np.array_equal(np.asarray(ours.weight), flat)
+            theirs = _bnb_dequantised(reference.get_submodule(name))
+            got = np.asarray(ours.dequantised_weight())
+            assert np.array_equal(_bits(got), _bits(theirs)), name
+    # Logits against transformers' float Llama holding bitsandbytes' dequantised weights.
+    np.testing.assert_allclose(
+        _logits(model), _logits(_float_reference(reference)), rtol=1e-4, atol=1e-5
+    )
+    # And against bitsandbytes' own quantised model, within its activation rounding (LLM.int8
+    # quantises the inputs too; its CPU 4-bit matmul is not float32-exact).
+    np.testing.assert_allclose(_logits(model), _logits(reference), atol=1e-2)
+
+
+def _headers(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    tensors = safetensors_torch.load_file(directory / "model.safetensors")
+    return {k: (str(v.dtype), tuple(v.shape)) for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_loaded_checkpoints_save_back_byte_for_byte(
+    hub: dict[str, Path], scheme: str, tmp_path: Path
+) -> None:
+    save_pretrained(from_pretrained(hub[scheme]), tmp_path)
+    theirs = safetensors_torch.load_file(hub[scheme] / "model.safetensors")
+    ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
+        assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    want = json.loads((hub[scheme] / "config.json").read_text())["quantization_config"]
+    assert config.pop("llm_int8_skip_modules") == ["lm_head"]
+    assert want.pop("llm_int8_skip_modules") is None  # transformers' default leaves lm_head
+    assert config == want
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_treemod_quantised_models_save_what_transformers_loads(
+    hub: dict[str, Path], scheme: str, tmp_path: Path
+) -> None:
+    float_model = from_pretrained(hub["float"])
+    kind = "int8" if scheme == "int8" else "nf4"
+    model = quant.quantise(float_model, PROJ, kind, double_quant=scheme == "nf4-double")
+    save_pretrained(model, tmp_path)
+    ours, theirs = _headers(tmp_path), _headers(hub[scheme])
+    if scheme == "nf4-double":  # the JSON state's length follows the offset's printed digits
+        ours, theirs = ({k: (d, s if "quant_state" not in k else ()) for k, (d, s) in h.items()}
+                        for h in (ours, theirs))  # fmt: skip
+    assert ours == theirs  # transformers' names, dtypes and shapes
+    # NF4 without double quantisation is bitsandbytes' quantiser bit for bit: transformers'
+    # very bytes. (Its int8 path rounds the weights to float16 before quantising them.)
+    if scheme == "nf4":
+        theirs = safetensors_torch.load_file(hub[scheme] / "model.safetensors")
+        ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
+        for name, value in theirs.items():
+            assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
+    loaded = _reference(tmp_path)
+    for i in range(2):
+        for proj in PROJ:
+            section = "self_attn" if proj in PROJ[:4] else "mlp"
+            module = loaded.get_submodule(f"model.layers.{i}.{section}.{proj}")
+            assert type(module).__name__ in ("Linear4bit", "Linear8bitLt")
+            got = np.asarray(_layer(model, i, proj).dequantised_weight())
+            assert np.array_equal(_bits(got), _bits(_bnb_dequantised(module)))
+    np.testing.assert_allclose(
+        _logits(model), _logits(_float_reference(loaded)), rtol=1e-4, atol=1e-5
+    )
+
+
+def _with_config(src: Path, dst: Path, **changes: Any) -> Path:
+    dst.mkdir()
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"].update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_unsupported_methods_and_options_are_refused_by_name(
+    hub: dict[str, Path], tmp_path: Path
+) -> None:
+    for i, (change, words) in enumerate([
+        ({"quant_method": "gptq"}, ["quant_method='gptq'", "'bitsandbytes'"]),
+        ({"bnb_4bit_quant_type": "fp4"}, ["bnb_4bit_quant_type='fp4'", "'nf4'"]),
+        ({"bnb_4bit_quant_storage": "bfloat16"}, ["bnb_4bit_quant_storage='bfloat16'"]),
+        ({"load_in_8bit": True}, ["load_in_4bit=True and load_in_8bit=True"]),
+    ]):  # fmt: skip
+        directory = _with_config(hub["nf4"], tmp_path / str(i), **change)
+        with pytest.raises(CheckpointError) as info:
+            from_pretrained(directory)
+        for word in [str(directory / "config.json"), *words]:
+            assert word in str(info.value)
+    int4 = quant.quantise(from_pretrained(hub["float"]), PROJ, "int4", group_size=32)
+    with pytest.raises(ValueError, match="Int4Linear.*dequantise"):
+        save_pretrained(int4, tmp_path / "int4")
+    # A model dequantised again saves as a float checkpoint (no quantization_config).
+    back = quant.dequantise(from_pretrained(hub["int8"]))
+    assert isinstance(back.model.layers.layers.self_attn.q_proj, nn.Linear)
+    save_pretrained(back, tmp_path / "float")
+    assert "quantization_config" not in json.loads((tmp_path / "float/config.json").read_text())

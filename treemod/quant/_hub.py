@@ -1,0 +1,206 @@
+"""Quantised Hugging Face checkpoints in and out: what `from_pretrained` and `save_pretrained`
+call when a `config.json` has a `quantization_config` or a model holds quantised layers.
+
+Loading reads the stored arrays into treemod's quantised layers as they are (no dequantising):
+the float model's selected `Linear`s become quantised layers of the stored shapes, and the
+checkpoint is shown to the loader under those layers' field names (`hub_loader`). Saving
+renames the layers' arrays to what `transformers` writes and gives the `quantization_config`
+(`hub_save`). The formats: `_hub_bitsandbytes.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from treemod._module.module import Module
+from treemod._saving.errors import CheckpointError
+from treemod.lora._select import rewrite_named
+from treemod.nn import Linear
+
+from ._hub_bitsandbytes import (
+    bnb_config,
+    bnb_layers,
+    bnb_saved,
+    bnb_skeleton_layer,
+    bnb_view,
+)
+from ._layers import Int8Linear, NF4Linear, QuantLinear
+
+__all__ = ["hub_loader", "hub_save", "quantised_layers"]
+
+C = TypeVar("C")
+SUPPORTED = "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit)"
+
+
+class _WithValues:
+    """Mixed into a checkpoint's class: tensors whose values live in JSON states, not files."""
+
+    hub_values: dict[str, np.ndarray]
+
+    def read_into(self, name: str, index: Sequence[slice], out: np.ndarray) -> None:
+        value = self.hub_values.get(name)
+        if value is None:
+            super().read_into(name, index, out)  # type: ignore[misc]
+        else:
+            out[...] = value[tuple(index)]
+
+
+def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any], Any], C]:
+    """What loading a quantised checkpoint needs: the model rewrite and the checkpoint view.
+
+    Arguments:
+        qconfig: `config.json`'s `quantization_config`.
+        checkpoint: the checkpoint's tensors (`tensors` by name, `read(name)`, `read_into`).
+        where: `config.json`'s path, for messages.
+
+    Returns:
+        `(convert, view)`: `convert(model)` replaces the float model's stored-quantised
+        `Linear`s with quantised layers of the stored shapes (zeros; run it inside the
+        shape-only build); `view` is the checkpoint with those layers' tensors under treemod's
+        field names.
+
+    Raises:
+        CheckpointError: a `quant_method` or option treemod does not read, naming it, the file
+            and what is read.
+    """
+    method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
+    if method != "bitsandbytes":
+        raise CheckpointError(
+            f"{where}: quantization_config.quant_method={method!r} is not read; treemod reads "
+            f"{SUPPORTED} checkpoints. Dequantise the checkpoint with its library first."
+        )
+    kind = bnb_config(qconfig, where)
+    tensors: Mapping[str, Any] = checkpoint.tensors  # type: ignore[attr-defined]
+    layers = bnb_layers(kind, tensors, checkpoint.read, where)  # type: ignore[attr-defined]
+    if not layers:
+        raise CheckpointError(
+            f"{where}: quantization_config says {kind} but the weights hold no quantised layer "
+            "(no bitsandbytes state tensors)."
+        )
+    renamed, values = bnb_view(tensors, layers, dataclasses.replace)
+    # The checkpoint's own class with `_WithValues` in front: its reads of file tensors as they
+    # are, the JSON states' values from `values` (the class is not imported: models is above).
+    cls = type(f"Hub{type(checkpoint).__name__}", (_WithValues, type(checkpoint)), {})
+    view: Any = object.__new__(cls)
+    view.__dict__.update(vars(checkpoint), tensors=renamed, hub_values=values)
+
+    def convert(model: Any) -> Any:
+        found: set[str] = set()
+
+        def visit(node: Any, name: str) -> Any:
+            if name not in layers or not isinstance(node, Module):
+                return None
+            if not isinstance(node, Linear):
+                raise CheckpointError(
+                    f"{where}: the weights hold {name} quantised, but the model's {name} is a "
+                    f"{type(node).__name__}, not a Linear."
+                )
+            found.add(name)
+            return bnb_skeleton_layer(node, layers[name], where)
+
+        new = rewrite_named(model, visit, caller="from_pretrained")
+        if len(found) < len(layers):
+            lost = sorted(set(layers) - found)
+            raise CheckpointError(
+                f"{where}: the weights hold quantised layers the model does not have "
+                f"({', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''})."
+            )
+        return new
+
+    return convert, view
+
+
+def quantised_layers(model: Any) -> dict[str, QuantLinear]:
+    """Every quantised layer of `model` by its `treemod.state_dict` name (a `Stack`'s layers
+    one by one)."""
+    found: dict[str, QuantLinear] = {}
+
+    def visit(node: Any, name: str) -> Any:
+        if isinstance(node, QuantLinear):
+            found[name] = node
+        return None
+
+    rewrite_named(model, visit, caller="save_pretrained")
+    return found
+
+
+def _floats(model: Any) -> list[str]:
+    out: list[str] = []
+
+    def visit(node: Any, name: str) -> Any:
+        if isinstance(node, Linear) and name:
+            out.append(name)
+        return None
+
+    rewrite_named(model, visit, caller="save_pretrained")
+    return out
+
+
+def hub_save(
+    model: Any, named: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
+    """The tensors and `quantization_config` `transformers` writes for `model`.
+
+    Arguments:
+        model: the model (with or without quantised layers).
+        named: its tensors by treemod's names (`treemod.state_dict`).
+
+    Returns:
+        `(tensors, quantization_config, float_names)`: the tensors by `transformers`' names,
+        the config (`None` without quantised layers) and the names the float model would have
+        (for the structure check).
+
+    Raises:
+        ValueError: int4 layers (no `transformers` format written), or NF4 and int8 layers in
+            one model; the message names a layer and what to do.
+    """
+    layers = quantised_layers(model)
+    if not layers:
+        return dict(named), None, set(named)
+    kinds = {type(layer).__name__ for layer in layers.values()}
+    if not kinds <= {"NF4Linear", "Int8Linear"} or len(kinds) > 1:
+        first = next(n for n, v in layers.items() if not isinstance(v, NF4Linear | Int8Linear))
+        raise ValueError(
+            f"save_pretrained: the model holds {' and '.join(sorted(kinds))} layers (e.g. "
+            f"{first!r}); transformers' bitsandbytes format holds one of NF4 and int8. "
+            "Quantise with one scheme, or treemod.quant.dequantise(model) first."
+        )
+    out: dict[str, Any] = {}
+    float_names: set[str] = set()
+    owner = {}
+    for p in layers:
+        for field in ("weight", "absmax", "nested_absmax", "offset"):
+            owner[f"{p}.{field}"] = p
+    for name, value in named.items():
+        if name not in owner:
+            out[name] = value
+            float_names.add(name)
+    for p, layer in layers.items():
+        out.update(bnb_saved(layer, p, named))
+        float_names.add(f"{p}.weight")
+    first_layer = next(iter(layers.values()))
+    dtype = first_layer.dtype
+    four = isinstance(first_layer, NF4Linear)
+    qconfig: dict[str, Any] = {
+        "_load_in_4bit": four,
+        "_load_in_8bit": not four,
+        "bnb_4bit_compute_dtype": dtype,
+        "bnb_4bit_quant_storage": "uint8",
+        "bnb_4bit_quant_type": "nf4" if four else "fp4",
+        "bnb_4bit_use_double_quant": four and first_layer.offset is not None,  # type: ignore[attr-defined]
+        "llm_int8_enable_fp32_cpu_offload": False,
+        "llm_int8_has_fp16_weight": False,
+        # transformers quantises every Linear not listed here, so the float ones are listed.
+        "llm_int8_skip_modules": _floats(model) or None,
+        "llm_int8_threshold": 6.0,
+        "load_in_4bit": four,
+        "load_in_8bit": not four,
+        "quant_method": "bitsandbytes",
+    }
+    if isinstance(first_layer, Int8Linear) or not four:
+        qconfig["bnb_4bit_use_double_quant"] = False
+    return out, qconfig, float_names
