@@ -41,7 +41,7 @@ Rules = Sequence[tuple[str, MeshAxes | PartitionSpec]]
 
 # The names the `nn` layers declare (see each layer's `axis_names`), besides `layers`
 # (`nn.Stack`'s layer axis), which no preset splits: `lax.scan` reads one layer per step.
-WEIGHT_NAMES = ("embed", "mlp", "heads", "kv", "vocab", "conv_out", "conv_in", "norm")
+WEIGHT_NAMES = ("embed", "mlp", "heads", "kv", "vocab", "experts", "conv_out", "conv_in", "norm")
 
 
 class ShardingError(ValueError):

@@ -22,8 +22,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_in, mlp_out, positions, vocab_head
 from ._hf_activations import get_activation
 
 __all__ = [
@@ -158,6 +160,7 @@ def padded_positions(ids: Array | None, shape: tuple[int, int], padding_idx: int
     return jnp.cumsum(real, axis=1) * real + padding_idx
 
 
+@axis_names(positions("position_embeddings", "token_type_embeddings"))
 class BertEmbeddings(Module):
     """Word, position and token-type embeddings, summed, normalised (`transformers`' names)."""
 
@@ -181,6 +184,7 @@ class BertEmbeddings(Module):
         return self.dropout(self.LayerNorm(x), key=key)
 
 
+@axis_names(positions("position_embeddings"))
 class WordPositionEmbeddings(Module):
     """Word plus position embeddings, normalised: DistilBERT's and MPNet's `embeddings`."""
 
@@ -197,6 +201,7 @@ class WordPositionEmbeddings(Module):
         return self.dropout(self.LayerNorm(x), key=key)
 
 
+@axis_names(attention_in("query", "key", "value"))
 class BertSelfAttention(Module):
     """The query, key and value projections and the attention itself."""
 
@@ -216,6 +221,7 @@ class BertSelfAttention(Module):
         return out.reshape(b, s, -1)
 
 
+@axis_names(mlp_out("dense"))
 class BertSelfOutput(Module):
     """A projection, dropout, and the residual added before a LayerNorm (post-norm)."""
 
@@ -228,6 +234,7 @@ class BertSelfOutput(Module):
         return self.LayerNorm(self.dropout(self.dense(x), key=key) + residual)
 
 
+@axis_names({"output.dense.weight": ("embed", "heads")})
 class BertAttention(Module):
     """Self-attention (`attention.self` in `transformers`) and its output block."""
 
@@ -301,6 +308,7 @@ class BertPredictionHeadTransform(Module):
         return self.LayerNorm(get_activation(self.act)(self.dense(x)))
 
 
+@axis_names({"bias": ("vocab",), **vocab_head("decoder")})
 class BertLMPredictionHead(Module):
     """The masked-LM head: a transform, then a projection onto the vocabulary.
 
@@ -339,6 +347,7 @@ class BertOnlyMLMHead(Module):
         return self.predictions(x, word_embeddings)
 
 
+@axis_names({"bias": ("vocab",), **vocab_head("decoder")})
 class LMHead(Module):
     """RoBERTa's and MPNet's `lm_head`: dense, exact GELU (whatever `hidden_act` is), layer_norm,
     then the projection onto the vocabulary (tied as `BertLMPredictionHead`'s: `decoder` is

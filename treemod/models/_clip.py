@@ -24,7 +24,9 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module
+from treemod._sharding.axes import axis_names
 
+from ._axis_layouts import positions
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._clip_layers import (
     CLIPEncoder,
@@ -76,6 +78,7 @@ VISION_VALUES: dict[str, Value] = {
 IGNORED = ("position_ids",)  # old files' buffers (transformers' `(^|\.)position_ids$`)
 
 
+@axis_names({"class_embedding": ("embed",), **positions("position_embedding")})
 class CLIPVisionEmbeddings(Module):
     """The class embedding, the patches (a bias-free convolution), learned positions."""
 

@@ -17,8 +17,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, causal_mask, split_key, token_inputs
+from ._axis_layouts import attention_in, attention_out, mlp_out, positions
 from ._base import PretrainedConfig, config_error
 from ._config_values import Value, read_config
 from ._hf_activations import get_activation, hf_activation
@@ -68,6 +70,7 @@ def sub_config(config: PretrainedConfig, key: str) -> PretrainedConfig:
     return sub if isinstance(sub, PretrainedConfig) else PretrainedConfig({})
 
 
+@axis_names({**attention_in("q_proj", "k_proj", "v_proj"), **attention_out("out_proj")})
 class CLIPAttention(Module):
     """Self-attention with q, k, v and output projections (biases on all)."""
 
@@ -89,6 +92,7 @@ class CLIPAttention(Module):
         return self.out_proj(out.reshape(b, s, -1))
 
 
+@axis_names(mlp_out("fc2"))
 class CLIPMLP(Module):
     """`fc2(act(fc1(x)))`."""
 
@@ -153,6 +157,7 @@ def encoder(c: dict[str, Any], dtype: Any, key: PRNGKeyArray) -> CLIPEncoder:
     return CLIPEncoder(nn.Stack(lambda k: _layer(c, dtype, k), c["num_hidden_layers"], key=key))
 
 
+@axis_names(positions("position_embedding"))
 class CLIPTextEmbeddings(Module):
     """Token and learned position embeddings, summed."""
 

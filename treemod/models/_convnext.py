@@ -23,7 +23,9 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
+from ._axis_layouts import mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import get_activation, hf_activation
@@ -97,6 +99,7 @@ class ConvNextEmbeddings(Module):
         return _channels_first_norm(self.layernorm, self.patch_embeddings(x))
 
 
+@axis_names({**mlp_out("pwconv2"), "layer_scale_parameter": ("norm",)})
 class ConvNextLayer(Module):
     """Depthwise 7x7 convolution, LayerNorm, pointwise MLP, layer scale, residual."""
 

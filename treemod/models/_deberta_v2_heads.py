@@ -16,6 +16,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 
+@axis_names({"bias": ("vocab",)})
 class DebertaV2LMPredictionHead(Module):
     """The non-legacy masked-LM head (`legacy: false`): dense, activation, LayerNorm, then the
     word embeddings' projection plus `bias`."""

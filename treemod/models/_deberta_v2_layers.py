@@ -16,8 +16,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_in, positions
 from ._bert_layers import BertIntermediate, BertSelfOutput
 from ._hf_activations import get_activation
 
@@ -53,6 +55,7 @@ def relative_positions(seq: int, buckets: int, max_position: int) -> np.ndarray:
     return bucket.astype(np.int64)
 
 
+@axis_names(positions("position_embeddings", "token_type_embeddings"))
 class DebertaV2Embeddings(Module):
     """Word (+ absolute position) (+ token type) embeddings, projected, normalised, masked."""
 
@@ -84,6 +87,7 @@ class DebertaV2Embeddings(Module):
         return self.dropout(x, key=key)
 
 
+@axis_names(attention_in("query_proj", "key_proj", "value_proj", "pos_key_proj", "pos_query_proj"))
 class DisentangledSelfAttention(Module):
     """Content attention plus relative-position scores (`c2p`, `p2c` of `pos_att_type`).
 
@@ -167,6 +171,7 @@ class DisentangledSelfAttention(Module):
         return score
 
 
+@axis_names({"output.dense.weight": ("embed", "heads")})
 class DebertaV2Attention(Module):
     """Self-attention (`attention.self`) and its output block."""
 
@@ -227,6 +232,7 @@ class DebertaV2ConvLayer(Module):
         return self.LayerNorm(residual + out) * keep
 
 
+@axis_names(positions("rel_embeddings"))
 class DebertaV2Encoder(Module):
     """The layers (`layer`, an `nn.Stack`), relative embeddings, their norm, the convolution."""
 

@@ -24,8 +24,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
+from ._axis_layouts import mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import attention_bias
 from ._config_values import Value, num_labels, read_config
@@ -80,6 +82,7 @@ def _read(cls_name: str, config: PretrainedConfig) -> dict[str, Any]:
     return c
 
 
+@axis_names({"lambda1": ("norm",)})
 class Dinov2LayerScale(Module):
     """A learned per-channel scale."""
 
@@ -90,6 +93,7 @@ class Dinov2LayerScale(Module):
         return x * self.lambda1.astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
+@axis_names(mlp_out("weights_out"))
 class Dinov2SwiGLUFFN(Module):
     """`weights_out(silu(gate) * up)`, gate and up the halves of `weights_in(x)`."""
 
@@ -129,6 +133,13 @@ class Dinov2Encoder(Module):
         return out
 
 
+@axis_names(
+    {
+        "cls_token": (None, None, "embed"),
+        "mask_token": (None, "embed"),
+        "position_embeddings": (None, None, "embed"),
+    }
+)
 class Dinov2Embeddings(Module):
     """The CLS token, the patch embeddings (masked ones replaced by the mask token), positions."""
 

@@ -23,8 +23,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
+from ._axis_layouts import attention_in, attention_out, mlp_out, vocab_head
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification
 from ._bert_layers import (
@@ -76,6 +78,7 @@ def sinusoidal_table(n_pos: int, dim: int) -> np.ndarray:
     return table
 
 
+@axis_names({**attention_in("q_lin", "k_lin", "v_lin"), **attention_out("out_lin")})
 class DistilBertSelfAttention(Module):
     """`q_lin`, `k_lin`, `v_lin`, the attention, and `out_lin`."""
 
@@ -98,6 +101,7 @@ class DistilBertSelfAttention(Module):
         return out
 
 
+@axis_names(mlp_out("lin2"))
 class FFN(Module):
     """`lin1`, the activation, `lin2`, dropout."""
 
@@ -306,6 +310,7 @@ class DistilBertModel(PretrainedModel):
         return self.transformer(x, attention_bias(attention_mask, shape, x.dtype), key=k_enc)
 
 
+@axis_names({"bias": ("vocab",)})
 class VocabBias(Module):
     """The tied `vocab_projector`: its weight is the word embeddings', its bias its own."""
 
@@ -321,6 +326,7 @@ class _DistilBertHeads(EncoderWithHead):
 
 
 @register_architecture
+@axis_names(vocab_head("vocab_projector"))
 class DistilBertForMaskedLM(_DistilBertHeads):
     """DistilBERT with its masked-LM head (`transformers.DistilBertForMaskedLM`): `logits`.
 

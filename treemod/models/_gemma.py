@@ -23,6 +23,7 @@ import numpy as np
 from jax import Array, lax
 
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod.models._base import config_error, register_architecture
 from treemod.models._config_values import Value
 from treemod.models._llama import COMMON_VALUES, LlamaForCausalLM, LlamaModel
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 
+@axis_names({"weight": ("norm",)})
 class GemmaRMSNorm(Module):
     """Gemma's RMSNorm: `x / rms(x) * (1 + weight)` in float32, cast back to `x`'s dtype.
 

@@ -46,6 +46,7 @@ __all__ = [
         "k_proj.bias": ("heads",),
         "v_proj.bias": ("heads",),
         "o_proj.weight": ("embed", "heads"),
+        "o_proj.bias": ("embed",),
     }
 )
 class LlamaAttention(Module):
@@ -149,7 +150,7 @@ def attention_output(
     return attn.o_proj(out.reshape(batch, seq, q.shape[2] * q.shape[3])), cache
 
 
-@axis_names({"down_proj.weight": ("embed", "mlp")})
+@axis_names({"down_proj.weight": ("embed", "mlp"), "down_proj.bias": ("embed",)})
 class LlamaMLP(Module):
     """SwiGLU: `down_proj(act(gate_proj(x)) * up_proj(x))`."""
 

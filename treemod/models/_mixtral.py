@@ -25,6 +25,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod._state_dict.hooks import register_state_dict_hooks
 from treemod._tree.tree_at import tree_at
 from treemod.models._base import config_error, register_architecture
@@ -62,6 +63,7 @@ LOAD_RENAMES = ((r"\.block_sparse_moe\.", ".mlp."),)
 SAVE_RENAMES = ((r"\.mlp\.", ".block_sparse_moe."),)
 
 
+@axis_names({"gate_up_proj": ("experts", "mlp", "embed"), "down_proj": ("experts", "embed", "mlp")})
 class MixtralExperts(Module):
     """`num_local_experts` SwiGLU experts in two stacked arrays.
 
@@ -120,6 +122,7 @@ class MixtralExperts(Module):
         return jnp.zeros_like(x).at[token_of].add(out)
 
 
+@axis_names({"gate.weight": ("experts", "embed")})
 class MixtralSparseMoeBlock(Module):
     """Top-k routing over `experts`: `gate` the router, `(experts, hidden)` without bias."""
 

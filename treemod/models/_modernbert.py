@@ -24,6 +24,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
@@ -311,6 +312,7 @@ class ModernBertModel(PretrainedModel):
         return self.final_norm(x)
 
 
+@axis_names({"weight": ("vocab", "embed"), "bias": ("vocab",)})
 class ModernBertDecoder(Module):
     """The masked-LM projection: `weight` is `None` when tied to the token embeddings."""
 

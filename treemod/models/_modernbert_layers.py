@@ -16,8 +16,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._hf_activations import get_activation
 from ._rope import Rope, apply_rope
 
@@ -53,6 +55,7 @@ class ModernBertRotary(Module):
         return {False: self.full(position_ids, dtype), True: self.sliding(position_ids, dtype)}
 
 
+@axis_names({**attention_in("Wqkv"), **attention_out("Wo")})
 class ModernBertAttention(Module):
     """Fused query-key-value projection, rotary positions, attention, output projection."""
 
@@ -84,6 +87,7 @@ class ModernBertAttention(Module):
         return self.out_drop(self.Wo(out.reshape(b, s, -1)), key=k2)
 
 
+@axis_names(mlp_out("Wo"))
 class ModernBertMLP(Module):
     """GeGLU: `Wo(drop(act(input) * gate))` with `input, gate` the halves of `Wi(x)`."""
 

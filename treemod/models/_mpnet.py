@@ -26,8 +26,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_in, attention_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification
 from ._bert_layers import (
@@ -93,6 +95,7 @@ def relative_position_bucket(relative: np.ndarray) -> np.ndarray:
     return bucket + np.where(n < exact, n, large)
 
 
+@axis_names({**attention_in("q", "k", "v"), **attention_out("o")})
 class MPNetSelfAttention(Module):
     """`q`, `k`, `v`, the attention with the position bias, and `o`."""
 
@@ -147,6 +150,7 @@ class MPNetLayer(Module):
         return self.output(self.intermediate(h), h, key=k2)
 
 
+@axis_names({"relative_attention_bias.weight": None})
 class MPNetEncoder(Module):
     """The layers (`layer`, one `nn.Stack`) and the bias table they share."""
 

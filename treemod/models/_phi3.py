@@ -17,6 +17,8 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
+from treemod.models._axis_layouts import attention_in, attention_out, mlp_out
 from treemod.models._base import config_error, register_architecture
 from treemod.models._causal_lm import KVCache
 from treemod.models._config_values import Value
@@ -47,6 +49,7 @@ PHI3_VALUES: dict[str, Value] = {
 _ROPE_TYPES = ("default", "longrope")
 
 
+@axis_names({**attention_in("qkv_proj"), **attention_out("o_proj")})
 class Phi3Attention(Module):
     """Phi-3's attention: `LlamaAttention`'s with q, k and v from one fused `qkv_proj`."""
 
@@ -86,6 +89,7 @@ class Phi3Attention(Module):
         return attention_output(self, x, cos, sin, mask, key=key, cache=cache)
 
 
+@axis_names(mlp_out("down_proj"))
 class Phi3MLP(Module):
     """`down_proj(up * act(gate))`, gate and up the halves of one `gate_up_proj`."""
 

@@ -23,8 +23,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_out, positions
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._clip_layers import (
     CLIPMLP,
@@ -156,6 +158,7 @@ class SiglipTextModel(PretrainedModel):
         return self.head(self(**inputs)[:, -1])
 
 
+@axis_names(positions("position_embedding"))
 class SiglipVisionEmbeddings(Module):
     """The patches (a convolution with a bias) and one learned position per patch."""
 
@@ -173,6 +176,9 @@ class SiglipVisionEmbeddings(Module):
         return patches + table.astype(patches.dtype)[None]
 
 
+@axis_names(
+    {"in_proj_weight": ("heads", "embed"), "in_proj_bias": ("heads",), **attention_out("out_proj")}
+)
 class SiglipPoolingAttention(Module):
     """`torch.nn.MultiheadAttention`'s parameters and its computation (no mask, no dropout)."""
 
@@ -198,6 +204,7 @@ class SiglipPoolingAttention(Module):
         return self.out_proj(out.reshape(*out.shape[:2], -1))
 
 
+@axis_names({"probe": (None, None, "embed")})
 class SiglipMultiheadAttentionPoolingHead(Module):
     """A learned probe attends over the patches; then a residual MLP on its normalised output."""
 

@@ -20,7 +20,9 @@ from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import causal_mask, split_key, token_inputs
+from treemod.models._axis_layouts import vocab_head
 from treemod.models._base import (
     PretrainedConfig,
     PretrainedModel,
@@ -259,6 +261,7 @@ class T5Model(_T5EncoderDecoder):
 
 
 @register_architecture
+@axis_names(vocab_head("lm_head"))
 class T5ForConditionalGeneration(_T5EncoderDecoder, Seq2SeqLM):
     """T5 with its language-modelling head: returns `logits`; generates with `generate_seq2seq`.
 

@@ -21,7 +21,9 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import attend, split_key
+from treemod.models._axis_layouts import attention_in, attention_out, mlp_out
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
 
@@ -67,6 +69,9 @@ def bucket_table(span: int, bidirectional: bool, num_buckets: int, max_distance:
     return jnp.asarray(buckets + np.where(relative < max_exact, relative, large), jnp.int32)
 
 
+@axis_names(
+    {**attention_in("q", "k", "v"), **attention_out("o"), "relative_attention_bias.weight": None}
+)
 class T5Attention(Module):
     """T5's multi-head attention: unscaled scores plus a relative position bias.
 
@@ -163,6 +168,7 @@ class T5LayerCrossAttention(Module):
     dropout: nn.Dropout
 
 
+@axis_names(mlp_out("wo"))
 class T5DenseActDense(Module):
     """`wo(dropout(act(wi(x))))`."""
 
@@ -176,6 +182,7 @@ class T5DenseActDense(Module):
         return self.wo(self.dropout(get_activation(self.act)(self.wi(x)), key=key))
 
 
+@axis_names(mlp_out("wo"))
 class T5DenseGatedActDense(Module):
     """`wo(dropout(act(wi_0(x)) * wi_1(x)))` (T5 v1.1, flan-t5)."""
 

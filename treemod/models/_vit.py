@@ -22,8 +22,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
+from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import BertPooler, attend_encoder, attention_bias
 from ._config_values import Value, num_labels, read_config
@@ -101,6 +103,7 @@ class ViTPatchEmbeddings(Module):
         return jnp.swapaxes(x.reshape(b, d, -1), 1, 2)
 
 
+@axis_names({"cls_token": (None, None, "embed"), "position_embeddings": (None, None, "embed")})
 class ViTEmbeddings(Module):
     """The CLS token, the patch embeddings and the learned position embeddings."""
 
@@ -128,6 +131,7 @@ class ViTEmbeddings(Module):
         return self.dropout(x, key=key)
 
 
+@axis_names({**attention_in("q_proj", "k_proj", "v_proj"), **attention_out("o_proj")})
 class ViTAttention(Module):
     """Self-attention with separate q, k, v and output projections."""
 
@@ -147,6 +151,7 @@ class ViTAttention(Module):
         return self.o_proj(out.reshape(b, s, -1))
 
 
+@axis_names(mlp_out("fc2"))
 class ViTMLP(Module):
     """`fc2(act(fc1(x)))`."""
 

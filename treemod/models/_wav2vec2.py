@@ -23,8 +23,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import split_key
+from ._axis_layouts import vocab_head
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import hf_activation
@@ -333,6 +335,7 @@ def _base(name: str, config: PretrainedConfig, key: PRNGKeyArray, dtype: Any) ->
 
 
 @register_architecture
+@axis_names(vocab_head("lm_head"))
 class Wav2Vec2ForCTC(PretrainedModel):
     """wav2vec2 with its CTC head (`transformers.Wav2Vec2ForCTC`): `logits`
     `(batch, frames, vocab_size)`. Called as `Wav2Vec2Model` is.

@@ -16,8 +16,10 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 
 from ._attention_parts import attend, split_key
+from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._hf_activations import get_activation
 
 __all__ = [
@@ -38,6 +40,7 @@ def conv_lengths(lengths: Array, kernels: tuple[int, ...], strides: tuple[int, .
     return lengths
 
 
+@axis_names({"weight": ("norm",), "bias": ("norm",)})
 class ChannelNorm(Module):
     """`nn.GroupNorm` with one group per channel on `(batch, channels, time)`: each channel
     normalised over time, then scaled and shifted (PyTorch's eps 1e-5)."""
@@ -144,6 +147,7 @@ class Wav2Vec2PositionalConvEmbedding(Module):
         return jnp.swapaxes(get_activation(self.act)(y), 1, 2)
 
 
+@axis_names({**attention_in("q_proj", "k_proj", "v_proj"), **attention_out("out_proj")})
 class Wav2Vec2Attention(Module):
     """Multi-head self-attention with biased projections."""
 
@@ -165,6 +169,7 @@ class Wav2Vec2Attention(Module):
         return self.out_proj(out.reshape(b, t, -1))
 
 
+@axis_names(mlp_out("output_dense"))
 class Wav2Vec2FeedForward(Module):
     """`output_dense(act(intermediate_dense(x)))` with their dropouts."""
 

@@ -20,7 +20,9 @@ from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import causal_mask, split_key, token_inputs
+from treemod.models._axis_layouts import vocab_head
 from treemod.models._base import (
     PretrainedConfig,
     PretrainedModel,
@@ -248,6 +250,7 @@ class WhisperModel(_WhisperBase):
 
 
 @register_architecture
+@axis_names(vocab_head("proj_out"))
 class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
     """Whisper with its head `proj_out`: returns `logits`; generates with `generate_seq2seq`.
 

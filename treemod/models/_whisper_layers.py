@@ -19,7 +19,9 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module, field
+from treemod._sharding.axes import axis_names
 from treemod.models._attention_parts import attend, split_key
+from treemod.models._axis_layouts import attention_in, attention_out, mlp_out, positions
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
 
@@ -43,6 +45,7 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000) -> np.nd
     return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
 
 
+@axis_names({**attention_in("q_proj", "k_proj", "v_proj"), **attention_out("out_proj")})
 class WhisperAttention(Module):
     """Multi-head attention; the queries scaled by `head_dim**-0.5` before the product, as
     Whisper's (no bias on `k_proj`)."""
@@ -94,6 +97,7 @@ class WhisperAttention(Module):
         return self.out_proj(out.reshape(batch, q_len, -1)), cache
 
 
+@axis_names(mlp_out("fc2"))
 class _FeedForward(Module):
     fc1: nn.Linear
     fc2: nn.Linear
@@ -157,6 +161,7 @@ def _training_refusal(owner: str, dropout: nn.Dropout, layerdrop: float, name: s
         )
 
 
+@axis_names(positions("embed_positions"))
 class WhisperEncoder(Module):
     """Two gelu convolutions over the log-mel frames (the second halving them), the stored
     sinusoidal positions, the layers, a final LayerNorm."""
@@ -199,6 +204,7 @@ class WhisperEncoder(Module):
         return states
 
 
+@axis_names(positions("embed_positions"))
 class WhisperDecoder(Module):
     """Token and learned position embeddings, the layers, a final LayerNorm."""
 
