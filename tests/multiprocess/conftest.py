@@ -18,7 +18,14 @@ from multiprocess import harness
 
 # What the processes run, not tests: not collected (--doctest-modules would import them, and
 # checkpointing.py needs the optional orbax-checkpoint).
-collect_ignore = ["harness.py", "training.py", "checkpointing.py", "probes.py", "pretrained.py"]
+collect_ignore = [
+    "harness.py",
+    "training.py",
+    "checkpointing.py",
+    "probes.py",
+    "pretrained.py",
+    "sharded.py",
+]
 
 # Generous: two processes compile on two shared cores. A crashed process fails the run at once.
 TIMEOUT = 300.0
