@@ -9,6 +9,9 @@ BERT's (`_bert_layers`). Attention is the zoo's one `attend`, with the relative-
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
@@ -33,17 +36,24 @@ __all__ = [
 ]
 
 
-def relative_positions(seq: int, buckets: int, max_position: int) -> np.ndarray:
+def relative_positions(seq: Any, buckets: int, max_position: int) -> Array:
     """`q - k` for `(seq, seq)` query and key indices, log-bucketed as `transformers`'
-    `make_log_bucket_position` (in float32) when `buckets` and `max_position` are positive."""
-    if not isinstance(seq, int):
-        raise ValueError(
-            f"DeBERTa-v2: its log-bucketed relative positions are computed for a concrete "
-            f"sequence length, not the symbolic {seq}: export it with a fixed sequence length "
-            f"(a symbolic batch works)."
-        )
-    index = np.arange(seq, dtype=np.int64)
-    rel = index[:, None] - index[None, :]
+    `make_log_bucket_position` (in float32) when `buckets` and `max_position` are positive.
+
+    A symbolic `seq` (`jax.export`) reads a finite table instead: distances past the one whose
+    bucket reaches the span are cut to it, which changes no score, because attention clips
+    every index to the span.
+    """
+    if isinstance(seq, int):
+        index = np.arange(seq, dtype=np.int64)
+        return jnp.asarray(_buckets(index[:, None] - index[None, :], buckets, max_position))
+    table, reach = _bucket_table(buckets, max_position)
+    symbolic = jnp.arange(seq)
+    rel = jnp.clip(symbolic[:, None] - symbolic[None, :], -reach, reach)
+    return jnp.asarray(table)[rel + reach]
+
+
+def _buckets(rel: np.ndarray, buckets: int, max_position: int) -> np.ndarray:
     if buckets <= 0 or max_position <= 0:
         return rel
     mid = buckets // 2
@@ -53,6 +63,27 @@ def relative_positions(seq: int, buckets: int, max_position: int) -> np.ndarray:
     log_pos = np.ceil((ratio * f32(mid - 1)).astype(f32)) + f32(mid)
     bucket = np.where(abs_pos <= mid, rel.astype(f32), log_pos * np.sign(rel).astype(f32))
     return bucket.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket_table(buckets: int, max_position: int) -> tuple[np.ndarray, int]:
+    """The buckets of the distances `-reach..reach`, `reach` the first distance whose bucket
+    reaches the span (`buckets`, or `max_position` without bucketing)."""
+    span = buckets if buckets > 0 else max_position
+    last = max(span, max_position, 1) + 1
+    rel = np.arange(-last, last + 1, dtype=np.int64)
+    bucket = _buckets(rel, buckets, max_position)[last:]
+    reached = np.flatnonzero(bucket >= span)
+    if not reached.size or np.any(np.diff(bucket) < 0):
+        raise ValueError(
+            f"DeBERTa-v2: with position_buckets={buckets} and max_relative_positions="
+            f"{max_position} the relative positions do not grow to the span, so they are "
+            f"computed for a concrete sequence length only: export with a fixed sequence "
+            f"length (a symbolic batch works)."
+        )
+    reach = int(reached[0])
+    table = _buckets(np.arange(-reach, reach + 1, dtype=np.int64), buckets, max_position)
+    return table.astype(np.int32), reach
 
 
 @axis_names(positions("position_embeddings", "token_type_embeddings"))
@@ -252,7 +283,7 @@ class DebertaV2Encoder(Module):
             rel_embeddings = self.rel_embeddings.weight
             if self.LayerNorm is not None:
                 rel_embeddings = self.LayerNorm(rel_embeddings)
-            rel_pos = jnp.asarray(relative_positions(x.shape[1], self.buckets, self.max_relative))
+            rel_pos = relative_positions(x.shape[1], self.buckets, self.max_relative)
         if self.conv is None:
             out: Array = self.layer(x, pair, rel_embeddings, rel_pos, key=key)
             return out
