@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Num, PRNGKeyArray
 
 from treemod._module.module import Module, field
@@ -177,8 +178,8 @@ class MultiheadAttention(Module):
         """
         dtype = self.query_proj.weight.dtype
         query, key_, value = (promote_input(a, dtype) for a in (query, key_, value))
-        q_len = jnp.shape(query)[-2] if jnp.ndim(query) >= 2 else None
-        kv_len = jnp.shape(key_)[-2] if jnp.ndim(key_) >= 2 else None
+        q_len = np.shape(query)[-2] if jnp.ndim(query) >= 2 else None
+        kv_len = np.shape(key_)[-2] if jnp.ndim(key_) >= 2 else None
         inputs = [
             Core("query", query, (("q_seq", None), ("query_size", self.query_size))),
             Core("key_", key_, (("kv_seq", None), ("key_size", self.key_size))),
@@ -193,7 +194,7 @@ class MultiheadAttention(Module):
                     f"MultiheadAttention: `mask` must be boolean (True = attend); got dtype "
                     f"{mask.dtype}."
                 )
-            batch = jnp.shape(query)[:batch_ndim]
+            batch = np.shape(query)[:batch_ndim]
             per_example = mask.ndim >= 2 + batch_ndim and mask.shape[:batch_ndim] == batch
             heads = mask.ndim - (batch_ndim if per_example and batch_ndim else 0) == 3
             mask_core = (("q_seq", q_len), ("kv_seq", kv_len))

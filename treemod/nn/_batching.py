@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax import lax
 
 # Whether no transform is tracing: eager layer calls take one compiled program.
@@ -53,7 +54,7 @@ def _batch_shape(owner: str, inputs: Sequence[Core]) -> tuple[int, ...]:
     for name, x, dims in inputs:
         if dims is None or x is None:
             continue
-        shape = tuple(jnp.shape(x))
+        shape = tuple(np.shape(x))
         core = len(dims)
         ok = len(shape) >= core and all(
             s is None or shape[len(shape) - core + i] == s for i, (_, s) in enumerate(dims)
@@ -124,7 +125,7 @@ def _to_rows(
         if rank is None or x is None:
             args.append(x)
             continue
-        core_shape = tuple(jnp.shape(x))[jnp.ndim(x) - rank :]
+        core_shape = tuple(np.shape(x))[jnp.ndim(x) - rank :]
         # `lax` reshapes bind one primitive, or none when the shape is already right.
         if jnp.ndim(x) == rank:
             args.append(lax.broadcast(x, (n,)) if batch else lax.reshape(x, (1,) + core_shape))

@@ -98,6 +98,6 @@ class Dropout(Module):
             )
         x = promote_input(x)
         q = 1 - lax.stop_gradient(jnp.asarray(self.p, jnp.float32))
-        keep = jax.random.bernoulli(key, q, jnp.shape(x))
+        keep = jax.random.bernoulli(key, q, np.shape(x))
         scaled = x / q.astype(x.dtype)
         return jnp.where(keep, scaled, jnp.zeros_like(scaled))

@@ -78,10 +78,10 @@ class Embedding(Module):
         elif jnp.ndim(weight) != 2:
             raise ValueError(
                 f"Embedding: `weight` must be 2-d (num_embeddings, embedding_size); got shape "
-                f"{jnp.shape(weight)}."
+                f"{np.shape(weight)}."
             )
         self.weight = weight
-        self.num_embeddings, self.embedding_size = jnp.shape(weight)
+        self.num_embeddings, self.embedding_size = np.shape(weight)
 
     def __call__(
         self, x: Integer[Array, "*batch"], *, key: PRNGKeyArray | None = None

@@ -133,15 +133,22 @@ class Pool(Module):
         last = self.channels_last
         pads, extra = self._pads(spatial_shape(x, self.num_spatial_dims, last))
         full = spatial_pads([(lo, hi + e) for (lo, hi), e in zip(pads, extra, strict=True)], last)
+        # Channels first, the batch and channel axes are pooled as one, so the window is
+        # `(1, *kernel)`: ONNX exporters (jax2onnx) pool every axis of the window, and
+        # onnxruntime's `MaxPool` takes at most three (`(1, 1, 3, 3)` is four).
+        skip = 0 if last else 1
+        operand = x if last else lax.reshape(x, (x.shape[0] * x.shape[1], *x.shape[2:]))
         y: Array = lax.reduce_window(
-            x,
+            operand,
             _identity(self.init, x.dtype),  # concrete: JAX knows `lax.max`/`add` monoids
             self.operation,
-            self._window(self.kernel_size),
-            self._window(self.stride),
-            full,
-            window_dilation=self._window(self.dilation),
+            self._window(self.kernel_size)[skip:],
+            self._window(self.stride)[skip:],
+            full[skip:],
+            window_dilation=self._window(self.dilation)[skip:],
         )
+        if not last:
+            y = lax.reshape(y, (x.shape[0], x.shape[1], *y.shape[1:]))
         return y, pads, extra
 
     def __call__(

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax import lax
 from jaxtyping import PRNGKeyArray
 
@@ -243,13 +244,13 @@ def _check_carry(x: Any, out: Any) -> None:
     so = jtu.tree_structure(out)
     # jaxlib's PyTreeDef stub declares no comparison; PyTreeDefs compare by structure.
     same = sx == so and all(  # type: ignore[operator]
-        jnp.shape(a) == jnp.shape(b) and jnp.result_type(a) == jnp.result_type(b)
+        np.shape(a) == np.shape(b) and jnp.result_type(a) == jnp.result_type(b)
         for a, b in zip(jtu.tree_leaves(x), jtu.tree_leaves(out), strict=True)
     )
     if not same:
 
         def describe(t: Any) -> str:
-            return str(jtu.tree_map(lambda a: f"{jnp.result_type(a)}{list(jnp.shape(a))}", t))
+            return str(jtu.tree_map(lambda a: f"{jnp.result_type(a)}{list(np.shape(a))}", t))
 
         raise ValueError(
             "Stack: each layer must return an output with the structure, shape and dtype of "
