@@ -193,7 +193,9 @@ def test_dropout_needs_a_key_in_training_and_matches_a_manual_mask() -> None:
     tuned = lora.add_lora(model, ["0"], r=2, alpha=2, dropout=0.5, key=jax.random.key(1))
     tuned = tm.tree_at(lambda m: m.layers[0].lora_B.weight, tuned, jnp.ones((4, 2)))
     x = jnp.ones((3, 4))
-    with pytest.raises(ValueError, match=r"LoRALinear: lora_dropout=0.5 needs a key"):
+    with pytest.raises(
+        ValueError, match=r"LoRALinear at layers\[0\]: lora_dropout=0.5 needs a key.*Pass `key=`"
+    ):
         tuned.layers[0](x)
     layer = tuned.layers[0]
     key = jax.random.key(7)

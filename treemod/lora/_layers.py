@@ -34,6 +34,8 @@ class LoRALayer(Module):
         use_rslora: scale by `alpha / sqrt(r)` (rank-stabilised LoRA) instead of `alpha / r`.
         merged: whether `base_layer`'s weight already holds the update (then the call skips
             the adapter branch; `treemod.lora.unmerge` takes it out again).
+        path: the layer's key path in the model `add_lora` wrapped (`""` when built
+            directly), for messages.
     """
 
     base_layer: Any
@@ -44,6 +46,7 @@ class LoRALayer(Module):
     lora_alpha: float = field(static=True)
     use_rslora: bool = field(static=True, default=False)
     merged: bool = field(static=True, default=False)
+    path: str = field(static=True, default="")
 
     def __check_init__(self) -> None:
         owner = type(self).__name__
@@ -60,6 +63,14 @@ class LoRALayer(Module):
             )
         if not isinstance(self.use_rslora, bool | np.bool_):
             raise ValueError(f"{owner}: `use_rslora` must be a bool; got {self.use_rslora!r}.")
+
+    def at_path(self, path: str) -> LoRALayer:
+        """This layer with `path` set (built as unflattening builds modules, so a layer of a
+        `Stack`, whose arrays have the layer axis, is taken as it is)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["path"] = path
+        return new
 
     @property
     def scaling(self) -> float:
@@ -83,11 +94,12 @@ class LoRALayer(Module):
         if isinstance(dropout.p, int | float) and dropout.p == 0 or dropout.inference:
             h = x
         elif key is None:
+            where = f" at {self.path}" if self.path else ""
             raise ValueError(
-                f"{type(self).__name__}: lora_dropout={dropout.p} needs a key in training mode, "
-                "and the layer was called without one (treemod's zoo models pass no key to "
-                "their projections). Use dropout=0.0, or treemod.nn.inference_mode(model) to "
-                "evaluate."
+                f"{type(self).__name__}{where}: lora_dropout={dropout.p} needs a key in training "
+                "mode, and the layer was called without one. Pass `key=` to the model's call "
+                "(a zoo model splits it into one key per projection), or call "
+                "treemod.nn.inference_mode(model) to evaluate."
             )
         else:
             h = dropout(x, key=key)

@@ -22,6 +22,7 @@ from treemod.nn import Conv, Linear, Stack
 from ._layers import LoRAConv, LoRALayer, LoRALinear
 
 __all__ = [
+    "AdaptedAsLinear",
     "add_lora",
     "check_hyperparameters",
     "check_targets",
@@ -31,6 +32,17 @@ __all__ = [
 ]
 
 Targets = str | Sequence[str]
+
+
+class AdaptedAsLinear:
+    """The contract a layer of a higher package declares, by inheriting this class, to be
+    adapted by `add_lora` as a `Linear`: it computes `x @ W.T (+ bias)` with a frozen `W` of
+    `(out_features, in_features)` in its `dtype`, and has those three fields (`treemod.quant`'s
+    `QuantLinear`: QLoRA). `lora` reads the contract from the class; it never imports the
+    package that declares it.
+    """
+
+    __slots__ = ()
 
 
 def _number(value: Any) -> bool:
@@ -72,8 +84,8 @@ def check_hyperparameters(
     return int(r), plain_alpha, float(dropout), bool(use_rslora)
 
 
-def _check_rank(node: Any, name: str, r: int, quantised: type[Any] | None) -> None:
-    if quantised is not None and isinstance(node, quantised):
+def _check_rank(node: Any, name: str, r: int) -> None:
+    if isinstance(node, AdaptedAsLinear):
         fan_in, fan_out = int(node.in_features), int(node.out_features)
     elif not hasattr(node, "weight") or getattr(node.weight, "ndim", 0) < 2:
         return
@@ -180,6 +192,10 @@ def rewrite_named(
     return from_entries(node, rewritten, NATIVE_HOOKS)
 
 
+def _lora(x: Any) -> bool:
+    return isinstance(x, LoRALayer)
+
+
 def _loaded_class(module_name: str, name: str) -> type[Any] | None:
     """A class of a higher layer if its module is loaded (a model can hold one only then)."""
     import sys
@@ -258,7 +274,6 @@ def wrap_targets(
     r, alpha, dropout, use_rslora = check_hyperparameters(r, alpha, dropout, use_rslora)
     target_modules = check_targets(target_modules)
     conv1d = _loaded_class("treemod.models.gpt2", "Conv1D")
-    quantised = _loaded_class("treemod.quant._layers", "QuantLinear")
     found: list[str] = []
     counter = iter(range(1 << 62))
 
@@ -271,12 +286,12 @@ def wrap_targets(
         k = jax.random.fold_in(key, next(counter))
         common: dict[str, Any] = dict(r=r, alpha=alpha, dropout=dropout, use_rslora=use_rslora)
         if bound_rank:
-            _check_rank(node, name, r, quantised)
+            _check_rank(node, name, r)
         if isinstance(node, Linear):
             if node.in_features == "scalar" or node.out_features == "scalar":
                 raise ValueError(f"add_lora: the Linear at {name!r} has a scalar input or output.")
             return LoRALinear.wrap(node, key=k, **common)
-        if quantised is not None and isinstance(node, quantised):
+        if isinstance(node, AdaptedAsLinear):
             return LoRALinear.wrap(node, key=k, **common)  # QLoRA: a frozen quantised base
         if conv1d is not None and isinstance(node, conv1d):
             return LoRALinear.wrap(node, fan_in_fan_out=True, key=k, **common)
@@ -295,6 +310,13 @@ def wrap_targets(
         )
 
     new = rewrite_named(model, visit)
+    # Each adapter records its key path for messages (a Stack's adapters appear once, with
+    # the layer axis, so the path is the same for all its layers).
+    new = jtu.tree_map_with_path(
+        lambda path, x: x.at_path(jtu.keystr(path).lstrip(".")) if _lora(x) else x,
+        new,
+        is_leaf=_lora,
+    )
     if not found:
         raise ValueError(
             f"add_lora: target_modules={target_modules!r} selects no module of the model; "

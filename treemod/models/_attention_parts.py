@@ -20,7 +20,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 
-__all__ = ["attend", "causal_mask", "token_inputs", "split_key"]
+__all__ = ["attend", "causal_mask", "token_inputs", "split_key", "projection_keys", "unwrapped"]
 
 
 def token_inputs(
@@ -227,3 +227,55 @@ def split_key(key: PRNGKeyArray | None, n: int) -> list[PRNGKeyArray | None]:
     if key is None:
         return [None] * n
     return list(jax.random.split(key, n))
+
+
+# Folded into a layer's key before its projections' keys are split, so that those keys are
+# independent of the layer's own dropout keys (`split_key(key, n)`), which stay as they were.
+_PROJECTIONS = 0x10_4A
+
+
+def projection_keys(
+    key: PRNGKeyArray | None, n: int, *, stream: int = 0
+) -> list[PRNGKeyArray | None]:
+    """`n` keys for the projections of one layer, or `n` times `None` without a key.
+
+    A zoo layer passes them as `key=` to each `nn.Linear` / `nn.Conv` it calls (which ignore
+    them), so that the layers `treemod.lora.add_lora` wraps get a dropout key each. They are
+    drawn from `fold_in(key, ...)`, so the layer's other dropout keys (`split_key(key, m)`)
+    are unchanged and independent of them; without a key nothing is traced. A layer that
+    passes its `key` itself to a child that draws projection keys from it draws its own from
+    another `stream` (else the two would share keys).
+
+    Arguments:
+        key: the layer's key, or `None` (inference, or no dropout).
+        n: how many projections the layer calls.
+        stream: which independent set of keys (0, 1, ...).
+
+    Returns:
+        A list of `n` keys, or of `n` times `None`.
+
+    Example:
+        >>> import jax
+        >>> from treemod.models._attention_parts import projection_keys
+        >>> projection_keys(None, 2)
+        [None, None]
+        >>> len(projection_keys(jax.random.key(0), 3))
+        3
+    """
+    if key is None:
+        return [None] * n
+    return list(jax.random.split(jax.random.fold_in(key, _PROJECTIONS + stream), n))
+
+
+def unwrapped(layer: Any) -> Any:
+    """The layer itself, or the one a LoRA adapter wraps (`treemod.lora`'s `base_layer`), for
+    reading its weight's dtype and its sizes.
+
+    Example:
+        >>> import jax, treemod.nn as nn
+        >>> from treemod.models._attention_parts import unwrapped
+        >>> conv = nn.Conv2d(3, 4, 2, key=jax.random.key(0))
+        >>> unwrapped(conv) is conv
+        True
+    """
+    return getattr(layer, "base_layer", layer)

@@ -23,7 +23,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification, dropout_and_classifier
 from ._bert_layers import (
@@ -339,7 +339,7 @@ class BertForMaskedLM(EncoderWithHead):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`."""
-        return self.cls(hidden, self.bert.embeddings.word_embeddings.weight)
+        return self.cls(hidden, self.bert.embeddings.word_embeddings.weight, key=key)
 
 
 @register_architecture
@@ -380,7 +380,9 @@ class BertForSequenceClassification(EncoderWithHead):
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """`classifier(dropout(pooler(hidden)))`, `(batch, num_labels)`."""
         assert self.bert.pooler is not None
-        out: Array = self.classifier(self.dropout(self.bert.pooler(hidden), key=key))
+        k_pool, k_classifier = projection_keys(key, 2)
+        pooled = self.bert.pooler(hidden, key=k_pool)
+        out: Array = self.classifier(self.dropout(pooled, key=key), key=k_classifier)
         return out
 
 

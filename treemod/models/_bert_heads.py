@@ -21,7 +21,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error
 from ._config_values import num_labels
 
@@ -139,5 +139,6 @@ class TokenClassification(EncoderWithHead):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """`classifier(dropout(hidden))`."""
-        out: Array = self.classifier(self.dropout(hidden, key=key))
+        (k_classifier,) = projection_keys(key, 1)
+        out: Array = self.classifier(self.dropout(hidden, key=key), key=k_classifier)
         return out

@@ -24,7 +24,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, mlp_out, positions, vocab_head
 from ._hf_activations import get_activation
 
@@ -214,8 +214,10 @@ class BertSelfAttention(Module):
     def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the heads' concatenated outputs."""
         b, s, _ = x.shape
+        keys = projection_keys(key, 3)
         q, k, v = (
-            p(x).reshape(b, s, self.num_heads, -1) for p in (self.query, self.key, self.value)
+            p(x, key=pk).reshape(b, s, self.num_heads, -1)
+            for p, pk in zip((self.query, self.key, self.value), keys, strict=True)
         )
         out = attend_encoder(q, k, v, bias, self.dropout, key=key)
         return out.reshape(b, s, -1)
@@ -231,7 +233,8 @@ class BertSelfOutput(Module):
 
     def __call__(self, x: Array, residual: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`LayerNorm(dropout(dense(x)) + residual)`."""
-        return self.LayerNorm(self.dropout(self.dense(x), key=key) + residual)
+        (k_dense,) = projection_keys(key, 1)
+        return self.LayerNorm(self.dropout(self.dense(x, key=k_dense), key=key) + residual)
 
 
 @axis_names({"output.dense.weight": ("embed", "heads")})
@@ -255,9 +258,9 @@ class BertIntermediate(Module):
     dense: nn.Linear
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """`act(dense(x))`."""
-        return get_activation(self.act)(self.dense(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`act(dense(x))` (`key`: `dense`'s, for LoRA dropout)."""
+        return get_activation(self.act)(self.dense(x, key=key))
 
 
 class BertLayer(Module):
@@ -270,8 +273,9 @@ class BertLayer(Module):
     def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         k1, k2 = split_key(key, 2)
+        (k_inner,) = projection_keys(key, 1)
         h = self.attention(x, bias, key=k1)
-        return self.output(self.intermediate(h), h, key=k2)
+        return self.output(self.intermediate(h, key=k_inner), h, key=k2)
 
 
 class BertEncoder(Module):
@@ -291,9 +295,9 @@ class BertPooler(Module):
     dense: nn.Linear
     act: str = field(static=True, default="tanh")
 
-    def __call__(self, hidden: Array) -> Array:
-        """`(batch, seq, hidden)` to `(batch, out)`."""
-        return get_activation(self.act)(self.dense(hidden[:, 0]))
+    def __call__(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, seq, hidden)` to `(batch, out)` (`key`: `dense`'s, for LoRA dropout)."""
+        return get_activation(self.act)(self.dense(hidden[:, 0], key=key))
 
 
 class BertPredictionHeadTransform(Module):
@@ -303,9 +307,9 @@ class BertPredictionHeadTransform(Module):
     LayerNorm: nn.LayerNorm  # noqa: N815
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """The transformed hidden states."""
-        return self.LayerNorm(get_activation(self.act)(self.dense(x)))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The transformed hidden states (`key`: `dense`'s, for LoRA dropout)."""
+        return self.LayerNorm(get_activation(self.act)(self.dense(x, key=key)))
 
 
 @axis_names({"bias": ("vocab",), **vocab_head("decoder")})
@@ -322,16 +326,28 @@ class BertLMPredictionHead(Module):
     bias: Array
     decoder: nn.Linear | None
 
-    def __call__(self, x: Array, word_embeddings: Array) -> Array:
-        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
-        return vocab_logits(self.transform(x), self.decoder, self.bias, word_embeddings)
+    def __call__(
+        self, x: Array, word_embeddings: Array, *, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits (`key`: the projections')."""
+        k_transform, k_decoder = projection_keys(key, 2)
+        h = self.transform(x, key=k_transform)
+        return vocab_logits(h, self.decoder, self.bias, word_embeddings, key=k_decoder)
 
 
-def vocab_logits(h: Array, decoder: Any, bias: Array, word_embeddings: Array) -> Array:
-    """The masked-LM heads' last projection: `decoder(h)` when untied, else `h @ word_embeddings.T
-    + bias` (`transformers` ties the decoder's weight and bias to those arrays)."""
+def vocab_logits(
+    h: Array,
+    decoder: Any,
+    bias: Array,
+    word_embeddings: Array,
+    *,
+    key: PRNGKeyArray | None = None,
+) -> Array:
+    """The masked-LM heads' last projection: `decoder(h, key=key)` when untied, else
+    `h @ word_embeddings.T + bias` (`transformers` ties the decoder's weight and bias to those
+    arrays)."""
     if decoder is not None:
-        out: Array = decoder(h)
+        out: Array = decoder(h, key=key)
         return out
     y = h @ word_embeddings.T.astype(h.dtype)
     return y + jnp.expand_dims(bias.astype(h.dtype), tuple(range(y.ndim - 1)))
@@ -342,9 +358,11 @@ class BertOnlyMLMHead(Module):
 
     predictions: BertLMPredictionHead
 
-    def __call__(self, x: Array, word_embeddings: Array) -> Array:
-        """The masked-LM logits."""
-        return self.predictions(x, word_embeddings)
+    def __call__(
+        self, x: Array, word_embeddings: Array, *, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """The masked-LM logits (`key`: the projections', for LoRA dropout)."""
+        return self.predictions(x, word_embeddings, key=key)
 
 
 @axis_names({"bias": ("vocab",), **vocab_head("decoder")})
@@ -358,10 +376,13 @@ class LMHead(Module):
     bias: Array
     decoder: nn.Linear | None
 
-    def __call__(self, x: Array, word_embeddings: Array) -> Array:
-        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
-        h = self.layer_norm(get_activation("gelu")(self.dense(x)))
-        return vocab_logits(h, self.decoder, self.bias, word_embeddings)
+    def __call__(
+        self, x: Array, word_embeddings: Array, *, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits (`key`: the projections')."""
+        k_dense, k_decoder = projection_keys(key, 2)
+        h = self.layer_norm(get_activation("gelu")(self.dense(x, key=k_dense)))
+        return vocab_logits(h, self.decoder, self.bias, word_embeddings, key=k_decoder)
 
 
 class ClassificationHead(Module):
@@ -375,8 +396,9 @@ class ClassificationHead(Module):
     def __call__(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to `(batch, num_labels)`."""
         k1, k2 = split_key(key, 2)
-        x = jnp.tanh(self.dense(self.dropout(hidden[:, 0], key=k1)))
-        out: Array = self.out_proj(self.dropout(x, key=k2))
+        k_dense, k_out = projection_keys(key, 2)
+        x = jnp.tanh(self.dense(self.dropout(hidden[:, 0], key=k1), key=k_dense))
+        out: Array = self.out_proj(self.dropout(x, key=k2), key=k_out)
         return out
 
 

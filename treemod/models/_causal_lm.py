@@ -169,11 +169,12 @@ class CausalLM(PretrainedModel):
         """`(config key, limit)` when no position reaches `limit`; `None` (the default) else."""
         return None
 
-    def logits(self, hidden: Array) -> Array:
-        """The language-modelling head: `(..., hidden)` to `(..., vocab_size)` logits."""
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The language-modelling head: `(..., hidden)` to `(..., vocab_size)` logits (`key`:
+        the head's, for LoRA dropout on `lm_head`)."""
         _, embedding, head = self.lm_parts()
         if head is not None:
-            return head(hidden)
+            return head(hidden, key=key)
         weight = embedding.weight
         return lax.dot_general(hidden, weight, (((hidden.ndim - 1,), (1,)), ((), ())))
 

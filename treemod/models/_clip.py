@@ -26,6 +26,7 @@ import treemod.nn as nn
 from treemod._module.module import Module
 from treemod._sharding.axes import axis_names
 
+from ._attention_parts import projection_keys, unwrapped
 from ._axis_layouts import positions
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._clip_layers import (
@@ -86,14 +87,15 @@ class CLIPVisionEmbeddings(Module):
     patch_embedding: nn.Conv2d
     position_embedding: nn.Embedding
 
-    def __call__(self, owner: str, x: Array) -> Array:
-        """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`."""
+    def __call__(self, owner: str, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)` (`key`: the
+        patch convolution's, for LoRA dropout)."""
         table = self.position_embedding.weight
-        patch = self.patch_embedding.kernel_size[0]
+        patch = unwrapped(self.patch_embedding).kernel_size[0]
         table = jnp.concatenate(
             [table[:1], patch_positions(owner, table[1:], patch, x.shape[2], x.shape[3])]
         )
-        patches = self.patch_embedding(x)
+        patches = self.patch_embedding(x, key=key)
         b, d = patches.shape[:2]
         patches = jnp.swapaxes(patches.reshape(b, d, -1), 1, 2)
         cls = jnp.broadcast_to(self.class_embedding.astype(patches.dtype), (b, 1, d))
@@ -293,7 +295,7 @@ class CLIPVisionModel(PretrainedModel):
         size = self.config.get("image_size", VISION_VALUES["image_size"].default)
         conv = self.embeddings.patch_embedding
         x = check_pixels(type(self).__name__, conv, size, pixel_values, interpolate_pos_encoding)
-        x = self.embeddings(type(self).__name__, x)
+        x = self.embeddings(type(self).__name__, x, key=projection_keys(key, 1)[0])
         return self.encoder(self.pre_layrnorm(x), None, key=key)
 
     def pooler_output(self, **inputs: Any) -> Array:
@@ -335,7 +337,9 @@ class CLIPTextModelWithProjection(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """`text_embeds`; `CLIPTextModel`'s arguments."""
-        return self.text_projection(self.text_model.pooler_output(**inputs))
+        # The tower takes the key itself: the projection's comes from another stream.
+        pooled = self.text_model.pooler_output(**inputs)
+        return self.text_projection(pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0])
 
 
 @register_architecture
@@ -366,4 +370,8 @@ class CLIPVisionModelWithProjection(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """`image_embeds`; `CLIPVisionModel`'s arguments."""
-        return self.visual_projection(self.vision_model.pooler_output(**inputs))
+        # The tower takes the key itself: the projection's comes from another stream.
+        pooled = self.vision_model.pooler_output(**inputs)
+        return self.visual_projection(
+            pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0]
+        )

@@ -19,7 +19,14 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, causal_mask, split_key, token_inputs
+from ._attention_parts import (
+    attend,
+    causal_mask,
+    projection_keys,
+    split_key,
+    token_inputs,
+    unwrapped,
+)
 from ._axis_layouts import attention_in, attention_out, mlp_out, positions
 from ._base import PretrainedConfig, config_error
 from ._config_values import Value, read_config
@@ -84,12 +91,14 @@ class CLIPAttention(Module):
     def __call__(self, x: Array, mask: Array | None, *, key: PRNGKeyArray | None) -> Array:
         """`(batch, seq, hidden)` to the same shape; `mask` boolean, True to attend."""
         b, s, _ = x.shape
+        *keys, k_out = projection_keys(key, 4)
         q, k, v = (
-            p(x).reshape(b, s, self.num_heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj)
+            p(x, key=pk).reshape(b, s, self.num_heads, -1)
+            for p, pk in zip((self.q_proj, self.k_proj, self.v_proj), keys, strict=True)
         )
         scale = q.shape[-1] ** -0.5
         out = attend(q, k, v, mask, scale=scale, dropout=self.dropout, key=key, scores="input")
-        return self.out_proj(out.reshape(b, s, -1))
+        return self.out_proj(out.reshape(b, s, -1), key=k_out)
 
 
 @axis_names(mlp_out("fc2"))
@@ -100,9 +109,10 @@ class CLIPMLP(Module):
     fc2: nn.Linear
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """The feed-forward block."""
-        return self.fc2(get_activation(self.act)(self.fc1(x)))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The feed-forward block (`key`: the projections', for LoRA dropout)."""
+        k1, k2 = projection_keys(key, 2)
+        return self.fc2(get_activation(self.act)(self.fc1(x, key=k1)), key=k2)
 
 
 class CLIPEncoderLayer(Module):
@@ -116,7 +126,9 @@ class CLIPEncoderLayer(Module):
     def __call__(self, x: Array, mask: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         x = x + self.self_attn(self.layer_norm1(x), mask, key=key)
-        return x + self.mlp(self.layer_norm2(x))
+        # The attention draws its projections' keys from `key` itself: the MLP another stream.
+        (k_mlp,) = projection_keys(key, 1, stream=1)
+        return x + self.mlp(self.layer_norm2(x), key=k_mlp)
 
 
 class CLIPEncoder(Module):
@@ -211,6 +223,7 @@ def param_dtype(dtype: Any) -> Any:
 def check_pixels(owner: str, conv: nn.Conv2d, size: int, pixel_values: Any, resize: Any) -> Array:
     """`pixel_values` as an array of the parameters' dtype, `(batch, num_channels, image_size,
     image_size)`; any size of at least one patch with `interpolate_pos_encoding` (`resize`)."""
+    conv = unwrapped(conv)
     x = jnp.asarray(pixel_values).astype(conv.weight.dtype)
     patch = conv.kernel_size[0]
     shape_ok = x.ndim == 4 and x.shape[1] == conv.in_channels

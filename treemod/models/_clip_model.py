@@ -18,7 +18,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._clip import IGNORED, CLIPTextModel, CLIPVisionModel, read_text, read_vision
 from ._clip_layers import param_dtype, sub_config
@@ -98,11 +98,17 @@ class CLIPModel(PretrainedModel):
 
     def get_text_features(self, **inputs: Any) -> Array:
         """The projected text embeddings `(texts, projection_dim)`; `CLIPTextModel`'s inputs."""
-        return self.text_projection(self.text_model.pooler_output(**inputs))
+        # The tower takes the key itself: the projection's comes from another stream.
+        pooled = self.text_model.pooler_output(**inputs)
+        return self.text_projection(pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0])
 
     def get_image_features(self, **inputs: Any) -> Array:
         """The projected image embeddings `(images, projection_dim)`; `CLIPVisionModel`'s."""
-        return self.visual_projection(self.vision_model.pooler_output(**inputs))
+        # The tower takes the key itself: the projection's comes from another stream.
+        pooled = self.vision_model.pooler_output(**inputs)
+        return self.visual_projection(
+            pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0]
+        )
 
     def logits(
         self,
@@ -176,5 +182,7 @@ class CLIPForImageClassification(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The `logits`; `CLIPVisionModel`'s arguments."""
-        out: Array = self.classifier(self.vision_model(**inputs)[:, 1:].mean(axis=1))
+        pooled = self.vision_model(**inputs)[:, 1:].mean(axis=1)
+        # The tower takes the key itself: the classifier's comes from another stream.
+        out: Array = self.classifier(pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0])
         return out

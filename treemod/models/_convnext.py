@@ -25,6 +25,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
+from ._attention_parts import projection_keys, split_key, unwrapped
 from ._axis_layouts import mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
@@ -94,9 +95,10 @@ class ConvNextEmbeddings(Module):
     patch_embeddings: nn.Conv2d
     layernorm: nn.LayerNorm
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, channels, h, w)` to `(batch, hidden_sizes[0], h / patch, w / patch)`."""
-        return _channels_first_norm(self.layernorm, self.patch_embeddings(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, channels, h, w)` to `(batch, hidden_sizes[0], h / patch, w / patch)`
+        (`key`: the convolution's, for LoRA dropout)."""
+        return _channels_first_norm(self.layernorm, self.patch_embeddings(x, key=key))
 
 
 @axis_names({**mlp_out("pwconv2"), "layer_scale_parameter": ("norm",)})
@@ -110,10 +112,13 @@ class ConvNextLayer(Module):
     layer_scale_parameter: Array | None
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, dim, h, w)` to the same shape."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, dim, h, w)` to the same shape (`key`: the projections', for LoRA dropout;
+        the depthwise `dwconv` has groups, which LoRA does not adapt)."""
+        k1, k2 = projection_keys(key, 2)
         h = jnp.moveaxis(self.dwconv(x), 1, -1)
-        h = self.pwconv2(get_activation(self.act)(self.pwconv1(self.layernorm(h))))
+        h = get_activation(self.act)(self.pwconv1(self.layernorm(h), key=k1))
+        h = self.pwconv2(h, key=k2)
         if self.layer_scale_parameter is not None:
             h = h * self.layer_scale_parameter.astype(h.dtype).reshape(1, 1, 1, -1)
         return x + jnp.moveaxis(h, -1, 1)
@@ -126,12 +131,13 @@ class ConvNextStage(Module):
     downsampling_layer: tuple[nn.LayerNorm, nn.Conv2d] | tuple[()]
     layers: nn.Stack
 
-    def __call__(self, x: Array) -> Array:
-        """The stage's output."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The stage's output (`key`: split for the projections, for LoRA dropout)."""
+        k_conv, k_layers = split_key(key, 2)
         if self.downsampling_layer:
             norm, conv = self.downsampling_layer
-            x = conv(_channels_first_norm(norm, x))
-        out: Array = self.layers(x)
+            x = conv(_channels_first_norm(norm, x), key=k_conv)
+        out: Array = self.layers(x, key=k_layers)
         return out
 
 
@@ -140,10 +146,10 @@ class ConvNextEncoder(Module):
 
     stages: tuple[ConvNextStage, ...]
 
-    def __call__(self, x: Array) -> Array:
-        """The last feature map."""
-        for stage in self.stages:
-            x = stage(x)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The last feature map (`key`: split for the projections, for LoRA dropout)."""
+        for stage, k in zip(self.stages, split_key(key, len(self.stages)), strict=True):
+            x = stage(x, key=k)
         return x
 
 
@@ -241,28 +247,31 @@ class ConvNextModel(PretrainedModel):
         config = PretrainedConfig(config)
         return cls(config=config, **_build(_read(cls.__name__, config), key, dtype))
 
-    def __call__(self, *, pixel_values: Any) -> Array:
+    def __call__(self, *, pixel_values: Any, key: PRNGKeyArray | None = None) -> Array:
         """`last_hidden_state` `(batch, hidden_sizes[-1], h', w')`.
 
         Arguments:
             pixel_values: `(batch, num_channels, height, width)`, cast to the parameters' dtype.
+            key: the projections' dropout keys are split from it (LoRA dropout in training
+                mode; ConvNeXt has no dropout of its own).
 
         Returns:
             `last_hidden_state`.
         """
-        conv = self.embeddings.patch_embeddings
+        conv = unwrapped(self.embeddings.patch_embeddings)
         x = jnp.asarray(pixel_values).astype(conv.weight.dtype)
         if x.ndim != 4 or x.shape[1] != conv.in_channels:
             raise ValueError(
                 f"{type(self).__name__}: pixel_values has shape {x.shape}; expected (batch, "
                 f"{conv.in_channels}, height, width), with the config's num_channels."
             )
-        return self.encoder(self.embeddings(x))
+        k_embed, k_encoder = split_key(key, 2)
+        return self.encoder(self.embeddings(x, key=k_embed), key=k_encoder)
 
-    def pooler_output(self, *, pixel_values: Any) -> Array:
+    def pooler_output(self, *, pixel_values: Any, key: PRNGKeyArray | None = None) -> Array:
         """`transformers`' `pooler_output` `(batch, hidden_sizes[-1])`: the final LayerNorm of
-        the last map's spatial mean."""
-        return self.layernorm(self(pixel_values=pixel_values).mean(axis=(-2, -1)))
+        the last map's spatial mean (`key` as `__call__`'s)."""
+        return self.layernorm(self(pixel_values=pixel_values, key=key).mean(axis=(-2, -1)))
 
 
 @register_architecture
@@ -305,7 +314,9 @@ class ConvNextForImageClassification(PretrainedModel):
             classifier = nn.Linear(c["hidden_sizes"][-1], labels, dtype=dtype, key=k_cls)
         return cls(config=config, convnext=convnext, classifier=classifier)
 
-    def __call__(self, *, pixel_values: Any) -> Array:
-        """The `logits` `(batch, num_labels)`; `pixel_values` as `ConvNextModel`'s."""
-        out: Array = self.classifier(self.convnext.pooler_output(pixel_values=pixel_values))
+    def __call__(self, *, pixel_values: Any, key: PRNGKeyArray | None = None) -> Array:
+        """The `logits` `(batch, num_labels)`; arguments as `ConvNextModel`'s."""
+        k_body, k_classifier = split_key(key, 2)
+        pooled = self.convnext.pooler_output(pixel_values=pixel_values, key=k_body)
+        out: Array = self.classifier(pooled, key=k_classifier)
         return out

@@ -18,7 +18,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import (
     BertLMPredictionHead,
@@ -47,9 +47,11 @@ class DebertaV2LMPredictionHead(Module):
     bias: Array
     act: str = field(static=True)
 
-    def __call__(self, x: Array, word_embeddings: Array) -> Array:
-        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits."""
-        h = self.LayerNorm(get_activation(self.act)(self.dense(x)))
+    def __call__(
+        self, x: Array, word_embeddings: Array, *, key: PRNGKeyArray | None = None
+    ) -> Array:
+        """`(batch, seq, hidden)` to `(batch, seq, vocab)` logits (`key`: `dense`'s)."""
+        h = self.LayerNorm(get_activation(self.act)(self.dense(x, key=key)))
         return vocab_logits(h, None, self.bias, word_embeddings)
 
 
@@ -134,11 +136,12 @@ class DebertaV2ForMaskedLM(PretrainedModel):
     def __call__(self, **inputs: Any) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`; arguments as `DebertaV2Model`'s."""
         hidden = self.deberta(**inputs)
+        (k_head,) = projection_keys(inputs.get("key"), 1)
         word = self.deberta.embeddings.word_embeddings.weight
         if self.cls is not None:
-            return self.cls(hidden, word)
+            return self.cls(hidden, word, key=k_head)
         assert self.lm_predictions is not None
-        return self.lm_predictions.lm_head(hidden, word)
+        return self.lm_predictions.lm_head(hidden, word, key=k_head)
 
 
 def _labels(name: str, config: PretrainedConfig) -> int:
@@ -157,7 +160,9 @@ class ContextPooler(Module):
 
     def __call__(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to `(batch, hidden)`."""
-        return get_activation(self.act)(self.dense(self.dropout(hidden[:, 0], key=key)))
+        (k_dense,) = projection_keys(key, 1)
+        h = self.dense(self.dropout(hidden[:, 0], key=key), key=k_dense)
+        return get_activation(self.act)(h)
 
 
 @register_architecture
@@ -213,9 +218,11 @@ class DebertaV2ForSequenceClassification(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The `logits` `(batch, num_labels)`; arguments as `DebertaV2Model`'s."""
-        k_model, k_pool, k_drop = split_key(inputs.pop("key", None), 3)
+        key = inputs.pop("key", None)
+        k_model, k_pool, k_drop = split_key(key, 3)
+        (k_classifier,) = projection_keys(key, 1)
         pooled = self.pooler(self.deberta(**inputs, key=k_model), key=k_pool)
-        return self.classifier(self.dropout(pooled, key=k_drop))
+        return self.classifier(self.dropout(pooled, key=k_drop), key=k_classifier)
 
 
 @register_architecture
@@ -260,5 +267,8 @@ class DebertaV2ForTokenClassification(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The `logits` `(batch, seq, num_labels)`; arguments as `DebertaV2Model`'s."""
-        k_model, k_drop = split_key(inputs.pop("key", None), 2)
-        return self.classifier(self.dropout(self.deberta(**inputs, key=k_model), key=k_drop))
+        key = inputs.pop("key", None)
+        k_model, k_drop = split_key(key, 2)
+        (k_classifier,) = projection_keys(key, 1)
+        hidden = self.deberta(**inputs, key=k_model)
+        return self.classifier(self.dropout(hidden, key=k_drop), key=k_classifier)

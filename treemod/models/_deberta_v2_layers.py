@@ -21,7 +21,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, positions
 from ._bert_layers import BertIntermediate, BertSelfOutput
 from ._hf_activations import get_activation
@@ -113,7 +113,7 @@ class DebertaV2Embeddings(Module):
         if self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings(token_type_ids)
         if self.embed_proj is not None:
-            x = self.embed_proj(x)
+            x = self.embed_proj(x, key=projection_keys(key, 1)[0])
         x = self.LayerNorm(x) * mask[..., None].astype(x.dtype)
         return self.dropout(x, key=key)
 
@@ -154,16 +154,18 @@ class DisentangledSelfAttention(Module):
     ) -> Array:
         """`(batch, seq, hidden)` to the heads' concatenated outputs."""
         k_pos, k_att = split_key(key, 2)
-        q = self._heads(self.query_proj(x))
-        k = self._heads(self.key_proj(x))
-        v = self._heads(self.value_proj(x))
+        # The relative scores call a projection again (on the position embeddings): its own key.
+        kq, kk, kv, *k_rel = projection_keys(key, 5)
+        q = self._heads(self.query_proj(x, key=kq))
+        k = self._heads(self.key_proj(x, key=kk))
+        v = self._heads(self.value_proj(x, key=kv))
         factor = 1 + len(self.pos_att_type)
         scale = np.sqrt(np.float32(q.shape[-1] * factor))
         bias = None
         if self.relative:
             assert rel_embeddings is not None and rel_pos is not None and self.pos_dropout
             rel = self.pos_dropout(rel_embeddings[: 2 * self.att_span], key=k_pos)
-            bias = self._relative_scores(q, k, rel, rel_pos, scale)
+            bias = self._relative_scores(q, k, rel, rel_pos, scale, keys=k_rel)
         out = attend(
             q,
             k,
@@ -178,15 +180,23 @@ class DisentangledSelfAttention(Module):
         return out.reshape(*x.shape[:-1], -1)
 
     def _relative_scores(
-        self, q: Array, k: Array, rel: Array, rel_pos: Array, scale: np.floating
+        self,
+        q: Array,
+        k: Array,
+        rel: Array,
+        rel_pos: Array,
+        scale: np.floating,
+        *,
+        keys: list[PRNGKeyArray | None],
     ) -> Array:
-        """The `(batch, heads, q, k)` scores of relative positions, already scaled."""
+        """The `(batch, heads, q, k)` scores of relative positions, already scaled (`keys`:
+        the position key's and query's projections' keys)."""
         span = self.att_span
         score = jnp.zeros((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), q.dtype)
         if "c2p" in self.pos_att_type:
             proj = self.key_proj if self.share_att_key else self.pos_key_proj
             assert proj is not None
-            pos_key = self._heads(proj(rel))  # (2 span, heads, d)
+            pos_key = self._heads(proj(rel, key=keys[0]))  # (2 span, heads, d)
             c2p = jnp.einsum("bqhd,rhd->bhqr", q, pos_key)
             index = jnp.clip(rel_pos + span, 0, 2 * span - 1)  # (q, k)
             c2p = jnp.take_along_axis(c2p, jnp.broadcast_to(index, c2p.shape[:2] + index.shape), -1)
@@ -194,7 +204,7 @@ class DisentangledSelfAttention(Module):
         if "p2c" in self.pos_att_type:
             proj = self.query_proj if self.share_att_key else self.pos_query_proj
             assert proj is not None
-            pos_query = self._heads(proj(rel))
+            pos_query = self._heads(proj(rel, key=keys[1]))
             p2c = jnp.einsum("bkhd,rhd->bhkr", k, pos_query)
             index = jnp.clip(-rel_pos + span, 0, 2 * span - 1)  # indexed (key, query)
             p2c = jnp.take_along_axis(p2c, jnp.broadcast_to(index, p2c.shape[:2] + index.shape), -1)
@@ -241,8 +251,9 @@ class DebertaV2Layer(Module):
     ) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         k1, k2 = split_key(key, 2)
+        (k_inner,) = projection_keys(key, 1)
         h = self.attention(x, mask, rel_embeddings, rel_pos, key=k1)
-        return self.output(self.intermediate(h), h, key=k2)
+        return self.output(self.intermediate(h, key=k_inner), h, key=k2)
 
 
 class DebertaV2ConvLayer(Module):
@@ -257,7 +268,8 @@ class DebertaV2ConvLayer(Module):
         self, embedded: Array, residual: Array, mask: Array, *, key: PRNGKeyArray | None = None
     ) -> Array:
         """`mask * LayerNorm(residual + act(conv(embedded)))`, padded positions zero."""
-        out = jnp.swapaxes(self.conv(jnp.swapaxes(embedded, 1, 2)), 1, 2)
+        (k_conv,) = projection_keys(key, 1)
+        out = jnp.swapaxes(self.conv(jnp.swapaxes(embedded, 1, 2), key=k_conv), 1, 2)
         keep = mask[..., None].astype(out.dtype)
         out = get_activation(self.act)(self.dropout(out * keep, key=key))
         return self.LayerNorm(residual + out) * keep

@@ -26,7 +26,7 @@ import treemod.nn as nn
 from treemod._module.module import Module
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key, unwrapped
 from ._axis_layouts import mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import attention_bias
@@ -100,10 +100,11 @@ class Dinov2SwiGLUFFN(Module):
     weights_in: nn.Linear
     weights_out: nn.Linear
 
-    def __call__(self, x: Array) -> Array:
-        """The feed-forward block."""
-        gate, up = jnp.split(self.weights_in(x), 2, axis=-1)
-        return self.weights_out(jax.nn.silu(gate) * up)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The feed-forward block (`key`: the projections', for LoRA dropout)."""
+        k_in, k_out = projection_keys(key, 2)
+        gate, up = jnp.split(self.weights_in(x, key=k_in), 2, axis=-1)
+        return self.weights_out(jax.nn.silu(gate) * up, key=k_out)
 
 
 class Dinov2Layer(Module):
@@ -119,7 +120,9 @@ class Dinov2Layer(Module):
     def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         x = x + self.layer_scale1(self.attention(self.norm1(x), bias, key=key))
-        return x + self.layer_scale2(self.mlp(self.norm2(x)))
+        # The attention draws its projections' keys from `key` itself: the MLP another stream.
+        (k_mlp,) = projection_keys(key, 1, stream=1)
+        return x + self.layer_scale2(self.mlp(self.norm2(x), key=k_mlp))
 
 
 class Dinov2Encoder(Module):
@@ -154,7 +157,7 @@ class Dinov2Embeddings(Module):
         the table itself at its own square grid, else its patch part resized as `transformers`
         resizes it (PyTorch's bicubic kernel, in float32)."""
         table = self.position_embeddings
-        ph, pw = self.patch_embeddings.projection.kernel_size
+        ph, pw = unwrapped(self.patch_embeddings.projection).kernel_size
         grid, n = (height // ph, width // pw), table.shape[1] - 1
         if grid[0] * grid[1] == n and height == width:
             return table
@@ -177,7 +180,7 @@ class Dinov2Embeddings(Module):
         key: PRNGKeyArray | None,
     ) -> Array:
         """`(batch, channels, height, width)` to `(batch, 1 + patches, hidden)`."""
-        x = self.patch_embeddings(pixel_values)
+        x = self.patch_embeddings(pixel_values, key=projection_keys(key, 1)[0])
         if bool_masked_pos is not None:
             assert self.mask_token is not None
             mask = bool_masked_pos.astype(x.dtype)[..., None]
@@ -336,7 +339,7 @@ class Dinov2Model(PretrainedModel):
             `last_hidden_state`.
         """
         name = type(self).__name__
-        projection = self.embeddings.patch_embeddings.projection
+        projection = unwrapped(self.embeddings.patch_embeddings.projection)
         x = jnp.asarray(pixel_values).astype(projection.weight.dtype)
         ph, pw = projection.kernel_size
         if x.ndim != 4 or x.shape[1] != projection.in_channels:
@@ -423,5 +426,6 @@ class Dinov2ForImageClassification(PretrainedModel):
         """The `logits` `(batch, num_labels)`; arguments as `Dinov2Model`'s."""
         hidden = self.dinov2(pixel_values=pixel_values, attention_mask=attention_mask, key=key)
         features = jnp.concatenate([hidden[:, 0], hidden[:, 1:].mean(axis=1)], axis=-1)
-        out: Array = self.classifier(features)
+        # The body takes `key` itself: the classifier's key comes from another stream.
+        out: Array = self.classifier(features, key=projection_keys(key, 1, stream=1)[0])
         return out

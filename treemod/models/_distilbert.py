@@ -25,7 +25,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out, mlp_out, vocab_head
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification
@@ -92,11 +92,13 @@ class DistilBertSelfAttention(Module):
     def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, dim)` to the same shape."""
         b, s, _ = x.shape
+        *keys, k_out = projection_keys(key, 4)
         q, k, v = (
-            p(x).reshape(b, s, self.num_heads, -1) for p in (self.q_lin, self.k_lin, self.v_lin)
+            p(x, key=pk).reshape(b, s, self.num_heads, -1)
+            for p, pk in zip((self.q_lin, self.k_lin, self.v_lin), keys, strict=True)
         )
         out: Array = self.out_lin(
-            attend_encoder(q, k, v, bias, self.dropout, key=key).reshape(b, s, -1)
+            attend_encoder(q, k, v, bias, self.dropout, key=key).reshape(b, s, -1), key=k_out
         )
         return out
 
@@ -112,7 +114,9 @@ class FFN(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, dim)` to the same shape."""
-        return self.dropout(self.lin2(get_activation(self.activation)(self.lin1(x))), key=key)
+        k1, k2 = projection_keys(key, 2)
+        h = get_activation(self.activation)(self.lin1(x, key=k1))
+        return self.dropout(self.lin2(h, key=k2), key=key)
 
 
 class TransformerBlock(Module):
@@ -377,12 +381,18 @@ class DistilBertForMaskedLM(_DistilBertHeads):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`."""
-        h = self.vocab_layer_norm(get_activation(self.activation)(self.vocab_transform(hidden)))
+        k_transform, k_projector = projection_keys(key, 2)
+        h = get_activation(self.activation)(self.vocab_transform(hidden, key=k_transform))
+        h = self.vocab_layer_norm(h)
         projector = self.vocab_projector
         decoder = projector if isinstance(projector, nn.Linear) else None
         assert projector.bias is not None
         return vocab_logits(
-            h, decoder, projector.bias, self.distilbert.embeddings.word_embeddings.weight
+            h,
+            decoder,
+            projector.bias,
+            self.distilbert.embeddings.word_embeddings.weight,
+            key=k_projector,
         )
 
 
@@ -423,8 +433,9 @@ class DistilBertForSequenceClassification(_DistilBertHeads):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """`(batch, num_labels)` from the first token."""
-        pooled = jax.nn.relu(self.pre_classifier(hidden[:, 0]))
-        out: Array = self.classifier(self.dropout(pooled, key=key))
+        k_pre, k_classifier = projection_keys(key, 2)
+        pooled = jax.nn.relu(self.pre_classifier(hidden[:, 0], key=k_pre))
+        out: Array = self.classifier(self.dropout(pooled, key=key), key=k_classifier)
         return out
 
 

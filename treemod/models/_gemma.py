@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
+from jaxtyping import PRNGKeyArray
 
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
@@ -225,9 +226,9 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         """`final_logit_softcapping` from the config."""
         return {"final_logit_softcapping": v["final_logit_softcapping"]}
 
-    def logits(self, hidden: Array) -> Array:
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """The head's logits, soft-capped: `cap * tanh(logits / cap)`."""
-        logits = super().logits(hidden)
+        logits = super().logits(hidden, key=key)
         cap = self.final_logit_softcapping
         if cap is None:
             return logits

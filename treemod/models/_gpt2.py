@@ -21,7 +21,13 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import attend, causal_mask, split_key, token_inputs
+from treemod.models._attention_parts import (
+    attend,
+    causal_mask,
+    projection_keys,
+    split_key,
+    token_inputs,
+)
 from treemod.models._base import (
     PretrainedConfig,
     PretrainedModel,
@@ -106,8 +112,8 @@ class Conv1D(Module):
         weight = (jax.random.normal(key, (n_in, n_out), jnp.float32) * std).astype(dtype)
         return cls(weight=weight, bias=jnp.zeros((n_out,), dtype))
 
-    def __call__(self, x: Array) -> Array:
-        """`x @ weight + bias` for `x` of shape `(..., in)`."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`x @ weight + bias` for `x` of shape `(..., in)` (`key` ignored, as `nn.Linear`'s)."""
         y = lax.dot_general(x, self.weight, (((x.ndim - 1,), (0,)), ((), ())))
         return y + self.bias.reshape((1,) * (y.ndim - 1) + self.bias.shape)
 
@@ -147,7 +153,8 @@ class GPT2Attention(Module):
         """
         batch, seq, embed = x.shape
         head_dim = embed // self.num_heads
-        q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)
+        k_qkv, k_out = projection_keys(key, 2)
+        q, k, v = jnp.split(self.c_attn(x, key=k_qkv), 3, axis=-1)
         q, k, v = (t.reshape(batch, seq, self.num_heads, head_dim) for t in (q, k, v))
         if cache is not None:
             cache, k, v = cache.write(k, v)
@@ -165,7 +172,7 @@ class GPT2Attention(Module):
             key=k_attn,
             scores="float32_inputs" if self.upcast else "float32",
         )
-        out = self.c_proj(out.reshape(batch, seq, embed))
+        out = self.c_proj(out.reshape(batch, seq, embed), key=k_out)
         return self.resid_dropout(out, key=k_resid), cache
 
 
@@ -180,8 +187,9 @@ class GPT2MLP(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """Apply the MLP to `(..., embed)`."""
-        h = get_activation(self.act)(self.c_fc(x))
-        return self.dropout(self.c_proj(h), key=key)
+        k_fc, k_proj = projection_keys(key, 2)
+        h = get_activation(self.act)(self.c_fc(x, key=k_fc))
+        return self.dropout(self.c_proj(h, key=k_proj), key=key)
 
 
 class GPT2Block(Module):
@@ -496,4 +504,4 @@ class GPT2LMHeadModel(CausalLM):
             position_ids=position_ids,
             key=key,
         )
-        return self.logits(hidden)
+        return self.logits(hidden, key=projection_keys(key, 1)[0])

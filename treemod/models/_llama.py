@@ -20,7 +20,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import causal_mask, token_inputs
+from treemod.models._attention_parts import causal_mask, projection_keys, token_inputs
 from treemod.models._base import (
     PretrainedConfig,
     PretrainedModel,
@@ -402,7 +402,7 @@ class LlamaForCausalLM(CausalLM):
         hidden = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, key=key
         )
-        return self.logits(hidden)
+        return self.logits(hidden, key=projection_keys(key, 1)[0])
 
 
 register_architecture(LlamaModel)

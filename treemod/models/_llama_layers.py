@@ -18,7 +18,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import attend
+from treemod.models._attention_parts import attend, projection_keys
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
 from treemod.models._rope import apply_rope
@@ -70,21 +70,25 @@ class LlamaAttention(Module):
     scaling: float | None = field(static=True, default=None)
     softcap: float | None = field(static=True, default=None)
 
-    def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
+    def project(
+        self, x: Array, cos: Array, sin: Array, *, keys: list[PRNGKeyArray | None]
+    ) -> tuple[Array, Array, Array]:
         """Queries, keys and values `(batch, seq, heads, head_dim)`, q and k rotated.
 
         Arguments:
             x: the normalised hidden states `(batch, seq, hidden)`.
             cos: `Rope`'s cosine table `(batch or 1, seq, head_dim)`.
             sin: `Rope`'s sine table.
+            keys: `projection_keys(key, 3)`, the q, k and v projections' keys.
 
         Returns:
             `(q, k, v)`; k and v have `num_key_value_heads` heads.
         """
         batch, seq, _ = x.shape
-        q = self.q_proj(x).reshape(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(batch, seq, self.num_key_value_heads, self.head_dim)
-        v = self.v_proj(x).reshape(batch, seq, self.num_key_value_heads, self.head_dim)
+        kq, kk, kv = keys
+        q = self.q_proj(x, key=kq).reshape(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x, key=kk).reshape(batch, seq, self.num_key_value_heads, self.head_dim)
+        v = self.v_proj(x, key=kv).reshape(batch, seq, self.num_key_value_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -129,11 +133,14 @@ def attention_output(
 ) -> tuple[Array, KVCache | None]:
     """An attention's call from its `project`: the cache written, `attend`, `o_proj`.
 
-    `attn` has `project(x, cos, sin)`, `o_proj`, `attention_dropout`, `head_dim`, `scaling`
-    and `softcap` (`LlamaAttention`, or a variant's attention with other projections).
+    `attn` has `project(x, cos, sin, keys=...)`, `o_proj`, `attention_dropout`, `head_dim`,
+    `scaling` and `softcap` (`LlamaAttention`, or a variant's attention with other
+    projections). `key` is the attention dropout's; the projections' keys (LoRA dropout) are
+    `projection_keys(key, 4)`, the last for `o_proj`.
     """
     batch, seq, _ = x.shape
-    q, k, v = attn.project(x, cos, sin)
+    *k_project, k_out = projection_keys(key, 4)
+    q, k, v = attn.project(x, cos, sin, keys=k_project)
     if cache is not None:
         cache, k, v = cache.write(k, v)
     scale = attn.head_dim**-0.5 if attn.scaling is None else attn.scaling
@@ -147,7 +154,7 @@ def attention_output(
         dropout=attn.attention_dropout,
         key=key,
     )
-    return attn.o_proj(out.reshape(batch, seq, q.shape[2] * q.shape[3])), cache
+    return attn.o_proj(out.reshape(batch, seq, q.shape[2] * q.shape[3]), key=k_out), cache
 
 
 @axis_names({"down_proj.weight": ("embed", "mlp"), "down_proj.bias": ("embed",)})
@@ -159,9 +166,11 @@ class LlamaMLP(Module):
     down_proj: nn.Linear
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """Apply the MLP to `(..., hidden)`."""
-        return self.down_proj(get_activation(self.act)(self.gate_proj(x)) * self.up_proj(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """Apply the MLP to `(..., hidden)` (`key`: the projections' keys, for LoRA dropout)."""
+        k_gate, k_up, k_down = projection_keys(key, 3)
+        gate = get_activation(self.act)(self.gate_proj(x, key=k_gate))
+        return self.down_proj(gate * self.up_proj(x, key=k_up), key=k_down)
 
 
 class LlamaDecoderLayer(Module):
@@ -206,12 +215,15 @@ class LlamaDecoderLayer(Module):
         else:
             cos, sin = cos[0], sin[0]
         h, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, key=key, cache=cache)
+        # The attention takes `key` itself (its dropout's key, as before) and draws its
+        # projections' keys from it; the MLP's come from another stream.
+        (k_mlp,) = projection_keys(key, 1, stream=1)
         if self.pre_feedforward_layernorm is None:
             x = x + h
-            x = x + self.mlp(self.post_attention_layernorm(x))
+            x = x + self.mlp(self.post_attention_layernorm(x), key=k_mlp)
         else:
             x = x + self.post_attention_layernorm(h)
-            h = self.mlp(self.pre_feedforward_layernorm(x))
+            h = self.mlp(self.pre_feedforward_layernorm(x), key=k_mlp)
             x = x + self.post_feedforward_layernorm(h)
         return x, layer + 1, cache
 

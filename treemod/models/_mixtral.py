@@ -130,11 +130,12 @@ class MixtralSparseMoeBlock(Module):
     experts: MixtralExperts
     top_k: int = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """Apply the mixture to `(batch, seq, hidden)`."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """Apply the mixture to `(batch, seq, hidden)` (`key`: the router's, for LoRA dropout;
+        the experts are stacked arrays, which LoRA does not wrap)."""
         batch, seq, hidden = x.shape
         flat = x.reshape(-1, hidden)
-        probs = jax.nn.softmax(self.gate(flat).astype(jnp.float32), axis=-1)
+        probs = jax.nn.softmax(self.gate(flat, key=key).astype(jnp.float32), axis=-1)
         top, index = jax.lax.top_k(probs, self.top_k)
         top = top / jnp.sum(top, axis=-1, keepdims=True)
         return self.experts(flat, index, top).reshape(batch, seq, hidden)

@@ -26,7 +26,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import hf_activation
@@ -392,7 +392,8 @@ class ModernBertForMaskedLM(PretrainedModel):
     def __call__(self, **inputs: Any) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`; arguments as `ModernBertModel`'s."""
         hidden = self.model(**inputs)
-        return self.decoder(self.head(hidden), self.model.embeddings.tok_embeddings.weight)
+        h = self.head(hidden, key=projection_keys(inputs.get("key"), 1)[0])
+        return self.decoder(h, self.model.embeddings.tok_embeddings.weight)
 
 
 class _Classifier(PretrainedModel):
@@ -428,7 +429,9 @@ class _Classifier(PretrainedModel):
         )
 
     def _logits(self, pooled: Array, key: PRNGKeyArray | None) -> Array:
-        return self.classifier(self.drop(self.head(pooled), key=key))
+        k_head, k_classifier = projection_keys(key, 2)
+        h = self.drop(self.head(pooled, key=k_head), key=key)
+        return self.classifier(h, key=k_classifier)
 
 
 @register_architecture

@@ -18,7 +18,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._hf_activations import get_activation
 from ._rope import Rope, apply_rope
@@ -75,8 +75,9 @@ class ModernBertAttention(Module):
     ) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         k1, k2 = split_key(key, 2)
+        k_qkv, k_out = projection_keys(key, 2)
         b, s, _ = x.shape
-        qkv = self.Wqkv(x).reshape(b, s, 3, self.num_heads, -1)
+        qkv = self.Wqkv(x, key=k_qkv).reshape(b, s, 3, self.num_heads, -1)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         # transformers rotates in float32 by tables in the hidden states' dtype, then casts back.
         cos, sin = (t.astype(jnp.float32) for t in rope)
@@ -84,7 +85,7 @@ class ModernBertAttention(Module):
         k = apply_rope(k.astype(jnp.float32), cos, sin).astype(x.dtype)
         scale = q.shape[-1] ** -0.5
         out = attend(q, k, v, mask, scale=scale, dropout=self.attn_drop, key=k1, scores="input")
-        return self.out_drop(self.Wo(out.reshape(b, s, -1)), key=k2)
+        return self.out_drop(self.Wo(out.reshape(b, s, -1), key=k_out), key=k2)
 
 
 @axis_names(mlp_out("Wo"))
@@ -98,10 +99,11 @@ class ModernBertMLP(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
-        h = self.Wi(x)
+        k_in, k_out = projection_keys(key, 2)
+        h = self.Wi(x, key=k_in)
         half = h.shape[-1] // 2
         gated = get_activation(self.act)(h[..., :half]) * h[..., half:]
-        return self.Wo(self.drop(gated, key=key))
+        return self.Wo(self.drop(gated, key=key), key=k_out)
 
 
 class ModernBertEncoderLayer(Module):
@@ -139,9 +141,9 @@ class ModernBertPredictionHead(Module):
     norm: nn.LayerNorm
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """The transformed hidden states."""
-        return self.norm(get_activation(self.act)(self.dense(x)))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The transformed hidden states (`key`: `dense`'s, for LoRA dropout)."""
+        return self.norm(get_activation(self.act)(self.dense(x, key=key)))
 
 
 def window_masks(

@@ -28,7 +28,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_heads import EncoderWithHead, TokenClassification
@@ -111,11 +111,15 @@ class MPNetSelfAttention(Module):
     ) -> Array:
         """`(batch, seq, hidden)` to the same shape; `bias` `(1, heads, seq, seq)`."""
         b, s, _ = x.shape
-        q, k, v = (p(x).reshape(b, s, self.num_heads, -1) for p in (self.q, self.k, self.v))
+        *keys, k_out = projection_keys(key, 4)
+        q, k, v = (
+            p(x, key=pk).reshape(b, s, self.num_heads, -1)
+            for p, pk in zip((self.q, self.k, self.v), keys, strict=True)
+        )
         scale = q.shape[-1] ** -0.5
         out = attend(q, k, v, mask, scale=scale, bias=bias, dropout=self.dropout, key=key,
                      scores="input")  # fmt: skip
-        result: Array = self.o(out.reshape(b, s, -1))
+        result: Array = self.o(out.reshape(b, s, -1), key=k_out)
         return result
 
 
@@ -146,8 +150,9 @@ class MPNetLayer(Module):
     ) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         k1, k2 = split_key(key, 2)
+        (k_inner,) = projection_keys(key, 1)
         h = self.attention(x, mask, bias, key=k1)
-        return self.output(self.intermediate(h), h, key=k2)
+        return self.output(self.intermediate(h, key=k_inner), h, key=k2)
 
 
 @axis_names({"relative_attention_bias.weight": None})
@@ -416,7 +421,7 @@ class MPNetForMaskedLM(_MPNetHeads):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`."""
-        return self.lm_head(hidden, self.mpnet.embeddings.word_embeddings.weight)
+        return self.lm_head(hidden, self.mpnet.embeddings.word_embeddings.weight, key=key)
 
 
 @register_architecture

@@ -18,6 +18,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
+from treemod.models._attention_parts import projection_keys
 from treemod.models._axis_layouts import attention_in, attention_out, mlp_out
 from treemod.models._base import config_error, register_architecture
 from treemod.models._causal_lm import KVCache
@@ -62,12 +63,15 @@ class Phi3Attention(Module):
     scaling: float | None = field(static=True, default=None)
     softcap: float | None = field(static=True, default=None)
 
-    def project(self, x: Array, cos: Array, sin: Array) -> tuple[Array, Array, Array]:
-        """Queries, keys, values `(batch, seq, heads, head_dim)` split from `qkv_proj(x)`."""
+    def project(
+        self, x: Array, cos: Array, sin: Array, *, keys: list[PRNGKeyArray | None]
+    ) -> tuple[Array, Array, Array]:
+        """Queries, keys, values `(batch, seq, heads, head_dim)` split from `qkv_proj(x)`
+        (`keys`: three projection keys, the first `qkv_proj`'s)."""
         batch, seq, _ = x.shape
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_key_value_heads * self.head_dim
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x, key=keys[0])
         q = qkv[..., :q_size].reshape(batch, seq, self.num_heads, self.head_dim)
         k = qkv[..., q_size : q_size + kv_size]
         v = qkv[..., q_size + kv_size :]
@@ -97,11 +101,13 @@ class Phi3MLP(Module):
     down_proj: nn.Linear
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """Apply the MLP to `(..., hidden)`."""
-        gate_up = self.gate_up_proj(x)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """Apply the MLP to `(..., hidden)` (`key`: the projections' keys, for LoRA dropout)."""
+        k_gate_up, k_down = projection_keys(key, 2)
+        gate_up = self.gate_up_proj(x, key=k_gate_up)
         half = gate_up.shape[-1] // 2
-        return self.down_proj(gate_up[..., half:] * get_activation(self.act)(gate_up[..., :half]))
+        h = gate_up[..., half:] * get_activation(self.act)(gate_up[..., :half])
+        return self.down_proj(h, key=k_down)
 
 
 def _attention(values: Mapping[str, Any], linear: Linear, norm: Norm, dtype: Any) -> Any:

@@ -22,6 +22,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 
+from ._attention_parts import projection_keys, split_key, unwrapped
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
 from ._hf_activations import get_activation, hf_activation
@@ -86,9 +87,10 @@ class ResNetConvLayer(Module):
     normalization: nn.BatchNorm
     act: str | None = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, in, h, w)` to `(batch, out, h', w')`."""
-        x = self.normalization(self.convolution(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, in, h, w)` to `(batch, out, h', w')` (`key`: the convolution's, for LoRA
+        dropout)."""
+        x = self.normalization(self.convolution(x, key=key))
         return x if self.act is None else get_activation(self.act)(x)
 
 
@@ -98,9 +100,9 @@ class ResNetShortCut(Module):
     convolution: nn.Conv2d
     normalization: nn.BatchNorm
 
-    def __call__(self, x: Array) -> Array:
-        """The projected residual."""
-        return self.normalization(self.convolution(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The projected residual (`key`: the convolution's, for LoRA dropout)."""
+        return self.normalization(self.convolution(x, key=key))
 
 
 class ResNetResidualLayer(Module):
@@ -114,12 +116,13 @@ class ResNetResidualLayer(Module):
     layer: tuple[ResNetConvLayer, ...]
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """The layer's output."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The layer's output (`key`: the convolutions', for LoRA dropout)."""
+        *keys, k_shortcut = projection_keys(key, len(self.layer) + 1)
         h = x
-        for conv in self.layer:
-            h = conv(h)
-        return get_activation(self.act)(h + self.shortcut(x))
+        for conv, k in zip(self.layer, keys, strict=True):
+            h = conv(h, key=k)
+        return get_activation(self.act)(h + self.shortcut(x, key=k_shortcut))
 
 
 class ResNetStage(Module):
@@ -127,10 +130,10 @@ class ResNetStage(Module):
 
     layers: tuple[ResNetResidualLayer, ...]
 
-    def __call__(self, x: Array) -> Array:
-        """The stage's output."""
-        for layer in self.layers:
-            x = layer(x)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The stage's output (`key`: split for the convolutions, for LoRA dropout)."""
+        for layer, k in zip(self.layers, split_key(key, len(self.layers)), strict=True):
+            x = layer(x, key=k)
         return x
 
 
@@ -140,9 +143,10 @@ class ResNetEmbeddings(Module):
     embedder: ResNetConvLayer
     pooler: nn.MaxPool2d
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, channels, h, w)` to `(batch, embedding_size, h / 4, w / 4)`."""
-        return self.pooler(self.embedder(x))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, channels, h, w)` to `(batch, embedding_size, h / 4, w / 4)` (`key`: the
+        convolution's, for LoRA dropout)."""
+        return self.pooler(self.embedder(x, key=key))
 
 
 class ResNetEncoder(Module):
@@ -150,10 +154,10 @@ class ResNetEncoder(Module):
 
     stages: tuple[ResNetStage, ...]
 
-    def __call__(self, x: Array) -> Array:
-        """The final feature map."""
-        for stage in self.stages:
-            x = stage(x)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The final feature map (`key`: split for the convolutions, for LoRA dropout)."""
+        for stage, k in zip(self.stages, split_key(key, len(self.stages)), strict=True):
+            x = stage(x, key=k)
         return x
 
 
@@ -213,7 +217,7 @@ def _build(c: dict[str, Any], dtype: Any, key: PRNGKeyArray) -> tuple[Any, ...]:
 
 
 def _check_pixels(name: str, model: ResNetModel, pixel_values: Any) -> Array:
-    weight = model.embedder.embedder.convolution.weight
+    weight = unwrapped(model.embedder.embedder.convolution).weight
     x = jnp.asarray(pixel_values).astype(weight.dtype)
     channels = weight.shape[1]
     if x.ndim != 4 or x.shape[1] != channels:
@@ -270,17 +274,20 @@ class ResNetModel(PretrainedModel):
         embedder, encoder = _build(_read(cls.__name__, config), dtype, key)
         return cls(config=config, embedder=embedder, encoder=encoder)
 
-    def __call__(self, *, pixel_values: Any) -> Array:
+    def __call__(self, *, pixel_values: Any, key: PRNGKeyArray | None = None) -> Array:
         """`last_hidden_state`, the final feature map.
 
         Arguments:
             pixel_values: `(batch, num_channels, height, width)`, cast to the parameters' dtype.
+            key: the convolutions' dropout keys are split from it (LoRA dropout in training
+                mode; ResNet has no dropout of its own).
 
         Returns:
             `(batch, hidden_sizes[-1], height', width')`.
         """
         x = _check_pixels(type(self).__name__, self, pixel_values)
-        return self.encoder(self.embedder(x))
+        k_embed, k_encoder = split_key(key, 2)
+        return self.encoder(self.embedder(x, key=k_embed), key=k_encoder)
 
 
 @register_architecture
@@ -327,9 +334,10 @@ class ResNetForImageClassification(PretrainedModel):
             head = nn.Linear(c["hidden_sizes"][-1], labels, dtype=dtype, key=k_fc)
         return cls(config=config, resnet=resnet, classifier=(nn.Identity(), head))
 
-    def __call__(self, *, pixel_values: Any) -> Array:
+    def __call__(self, *, pixel_values: Any, key: PRNGKeyArray | None = None) -> Array:
         """The `logits` `(batch, num_labels)`; arguments as `ResNetModel`'s."""
-        features = self.resnet(pixel_values=pixel_values)
+        k_body, k_classifier = split_key(key, 2)
+        features = self.resnet(pixel_values=pixel_values, key=k_body)
         pooled = jnp.mean(features, axis=(2, 3))
-        out: Array = self.classifier[1](pooled)
+        out: Array = self.classifier[1](pooled, key=k_classifier)
         return out

@@ -20,6 +20,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module
+from treemod.models._attention_parts import projection_keys, unwrapped
 
 __all__ = [
     "TorchvisionResNet",
@@ -58,12 +59,13 @@ class BasicBlock(Module):
     bn2: nn.BatchNorm
     downsample: tuple[nn.Conv2d, nn.BatchNorm] | None
 
-    def __call__(self, x: Array) -> Array:
-        """The block's output."""
-        h = jax.nn.relu(self.bn1(self.conv1(x)))
-        h = self.bn2(self.conv2(h))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The block's output (`key`: the convolutions', for LoRA dropout)."""
+        k1, k2, k_down = projection_keys(key, 3)
+        h = jax.nn.relu(self.bn1(self.conv1(x, key=k1)))
+        h = self.bn2(self.conv2(h, key=k2))
         if self.downsample is not None:
-            x = self.downsample[1](self.downsample[0](x))
+            x = self.downsample[1](self.downsample[0](x, key=k_down))
         return jax.nn.relu(h + x)
 
 
@@ -78,13 +80,14 @@ class Bottleneck(Module):
     bn3: nn.BatchNorm
     downsample: tuple[nn.Conv2d, nn.BatchNorm] | None
 
-    def __call__(self, x: Array) -> Array:
-        """The block's output."""
-        h = jax.nn.relu(self.bn1(self.conv1(x)))
-        h = jax.nn.relu(self.bn2(self.conv2(h)))
-        h = self.bn3(self.conv3(h))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The block's output (`key`: the convolutions', for LoRA dropout)."""
+        k1, k2, k3, k_down = projection_keys(key, 4)
+        h = jax.nn.relu(self.bn1(self.conv1(x, key=k1)))
+        h = jax.nn.relu(self.bn2(self.conv2(h, key=k2)))
+        h = self.bn3(self.conv3(h, key=k3))
         if self.downsample is not None:
-            x = self.downsample[1](self.downsample[0](x))
+            x = self.downsample[1](self.downsample[0](x, key=k_down))
         return jax.nn.relu(h + x)
 
 
@@ -174,17 +177,21 @@ class TorchvisionResNet(Module):
 
         Arguments:
             x: the images (cast to the parameters' dtype).
-            key: ignored.
+            key: the convolutions' and `fc`'s dropout keys are split from it (LoRA dropout in
+                training mode; the network has no dropout of its own).
 
         Returns:
             The logits.
         """
-        x = jnp.asarray(x).astype(self.conv1.weight.dtype)
-        x = self.maxpool(jax.nn.relu(self.bn1(self.conv1(x))))
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+        x = jnp.asarray(x).astype(unwrapped(self.conv1).weight.dtype)
+        stages = (self.layer1, self.layer2, self.layer3, self.layer4)
+        k_conv, k_fc, *k_blocks = projection_keys(key, 2 + sum(len(s) for s in stages))
+        x = self.maxpool(jax.nn.relu(self.bn1(self.conv1(x, key=k_conv))))
+        blocks = iter(k_blocks)
+        for stage in stages:
             for block in stage:
-                x = block(x)
-        return self.fc(jnp.mean(x, axis=(-2, -1)))
+                x = block(x, key=next(blocks))
+        return self.fc(jnp.mean(x, axis=(-2, -1)), key=k_fc)
 
 
 def _downsample(

@@ -139,7 +139,7 @@ class RobertaForMaskedLM(_RobertaHeads):
 
     def logits(self, hidden: Array, *, key: PRNGKeyArray | None) -> Array:
         """The masked-LM `logits` `(batch, seq, vocab_size)`."""
-        return self.lm_head(hidden, self.base_model().embeddings.word_embeddings.weight)
+        return self.lm_head(hidden, self.base_model().embeddings.word_embeddings.weight, key=key)
 
 
 @register_architecture

@@ -25,7 +25,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key, unwrapped
 from ._axis_layouts import attention_out, positions
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._clip_layers import (
@@ -155,7 +155,10 @@ class SiglipTextModel(PretrainedModel):
 
     def pooler_output(self, **inputs: Any) -> Array:
         """`transformers`' `pooler_output` `(batch, projection_size)`; `__call__`'s arguments."""
-        return self.head(self(**inputs)[:, -1])
+        # The tower takes the key itself: the head's comes from another stream.
+        return self.head(
+            self(**inputs)[:, -1], key=projection_keys(inputs.get("key"), 1, stream=1)[0]
+        )
 
 
 @axis_names(positions("position_embedding"))
@@ -165,12 +168,13 @@ class SiglipVisionEmbeddings(Module):
     patch_embedding: nn.Conv2d
     position_embedding: nn.Embedding
 
-    def __call__(self, owner: str, x: Array) -> Array:
-        """`(batch, channels, height, width)` to `(batch, patches, hidden)`."""
-        patch = self.patch_embedding.kernel_size[0]
+    def __call__(self, owner: str, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, channels, height, width)` to `(batch, patches, hidden)` (`key`: the patch
+        convolution's, for LoRA dropout)."""
+        patch = unwrapped(self.patch_embedding).kernel_size[0]
         table = self.position_embedding.weight
         table = patch_positions(owner, table, patch, x.shape[2], x.shape[3])
-        patches = self.patch_embedding(x)
+        patches = self.patch_embedding(x, key=key)
         b, d = patches.shape[:2]
         patches = jnp.swapaxes(patches.reshape(b, d, -1), 1, 2)
         return patches + table.astype(patches.dtype)[None]
@@ -187,8 +191,9 @@ class SiglipPoolingAttention(Module):
     out_proj: nn.Linear
     num_heads: int = field(static=True)
 
-    def __call__(self, query: Array, x: Array) -> Array:
-        """`query` `(batch, 1, hidden)` attending over `x` `(batch, seq, hidden)`."""
+    def __call__(self, query: Array, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`query` `(batch, 1, hidden)` attending over `x` `(batch, seq, hidden)` (`key`:
+        `out_proj`'s, for LoRA dropout; the input projection is one array, not a layer)."""
         w, b = self.in_proj_weight.astype(x.dtype), self.in_proj_bias.astype(x.dtype)
         wq, wk, wv = jnp.split(w, 3)
         bq, bk, bv = jnp.split(b, 3)
@@ -201,7 +206,7 @@ class SiglipPoolingAttention(Module):
         # torch's scores are in the inputs' dtype; "input" also keeps bfloat16 off the
         # jax.nn.dot_product_attention path, which refuses it under strict dtype promotion.
         out = attend(q, k, v, None, scale=q.shape[-1] ** -0.5, scores="input")
-        return self.out_proj(out.reshape(*out.shape[:2], -1))
+        return self.out_proj(out.reshape(*out.shape[:2], -1), key=key)
 
 
 @axis_names({"probe": (None, None, "embed")})
@@ -213,11 +218,13 @@ class SiglipMultiheadAttentionPoolingHead(Module):
     layernorm: nn.LayerNorm
     mlp: CLIPMLP
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, patches, hidden)` to `(batch, hidden)`."""
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, patches, hidden)` to `(batch, hidden)` (`key`: the projections', for LoRA
+        dropout)."""
+        k_attention, k_mlp = projection_keys(key, 2)
         probe = jnp.broadcast_to(self.probe.astype(x.dtype), (x.shape[0], 1, x.shape[2]))
-        h = self.attention(probe, x)
-        return (h + self.mlp(self.layernorm(h)))[:, 0]
+        h = self.attention(probe, x, key=k_attention)
+        return (h + self.mlp(self.layernorm(h), key=k_mlp))[:, 0]
 
 
 @register_architecture
@@ -306,7 +313,7 @@ class SiglipVisionModel(PretrainedModel):
         conv = self.embeddings.patch_embedding
         owner = type(self).__name__
         x = check_pixels(owner, conv, size, pixel_values, interpolate_pos_encoding)
-        x = self.embeddings(owner, x)
+        x = self.embeddings(owner, x, key=projection_keys(key, 1)[0])
         return self.post_layernorm(self.encoder(x, None, key=key))
 
     def pooler_output(self, **inputs: Any) -> Array:
@@ -316,7 +323,8 @@ class SiglipVisionModel(PretrainedModel):
                 f"{type(self).__name__}: the config has vision_use_head false, so there is no "
                 "pooler_output (transformers returns None)."
             )
-        return self.head(self(**inputs))
+        # The tower takes the key itself: the head's keys come from another stream.
+        return self.head(self(**inputs), key=projection_keys(inputs.get("key"), 1, stream=1)[0])
 
 
 @register_architecture
@@ -452,5 +460,7 @@ class SiglipForImageClassification(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The `logits`; `SiglipVisionModel`'s arguments."""
-        out: Array = self.classifier(self.vision_model(**inputs).mean(axis=1))
+        pooled = self.vision_model(**inputs).mean(axis=1)
+        # The tower takes the key itself: the classifier's comes from another stream.
+        out: Array = self.classifier(pooled, key=projection_keys(inputs.get("key"), 1, stream=1)[0])
         return out

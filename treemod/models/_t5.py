@@ -21,7 +21,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import causal_mask, split_key, token_inputs
+from treemod.models._attention_parts import causal_mask, projection_keys, split_key, token_inputs
 from treemod.models._axis_layouts import vocab_head
 from treemod.models._base import (
     PretrainedConfig,
@@ -320,10 +320,11 @@ class T5ForConditionalGeneration(_T5EncoderDecoder, Seq2SeqLM):
             tied["lm_head.weight"] = "shared.weight"
         return tied
 
-    def logits(self, hidden: Array) -> Array:
-        """The head over decoder states `(..., d_model)`: scaled and tied, or `lm_head`."""
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The head over decoder states `(..., d_model)`: scaled and tied, or `lm_head` (`key`:
+        its key, for LoRA dropout)."""
         if self.lm_head is not None:
-            return self.lm_head(hidden)
+            return self.lm_head(hidden, key=key)
         hidden = hidden * jnp.asarray(self.shared.weight.shape[1] ** -0.5, hidden.dtype)
         return jnp.einsum("...d,vd->...v", hidden, self.shared.weight)
 
@@ -358,7 +359,7 @@ class T5ForConditionalGeneration(_T5EncoderDecoder, Seq2SeqLM):
         k_enc, k_dec = split_key(key, 2)
         encoded = self._encode(input_ids, attention_mask, k_enc)
         hidden = self._decode(encoded, decoder_input_ids, decoder_attention_mask, k_dec)
-        return self.logits(hidden)
+        return self.logits(hidden, key=projection_keys(key, 1)[0])
 
     # The contract generate_seq2seq reads (Seq2SeqLM).
 

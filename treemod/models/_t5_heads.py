@@ -18,7 +18,7 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._module.module import Module
-from treemod.models._attention_parts import split_key, token_inputs
+from treemod.models._attention_parts import projection_keys, split_key, token_inputs
 from treemod.models._base import (
     PretrainedConfig,
     PretrainedModel,
@@ -45,8 +45,9 @@ class T5ClassificationHead(Module):
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """Logits `(batch, num_labels)` of sentence representations `(batch, d_model)`."""
         k1, k2 = split_key(key, 2)
-        x = jnp.tanh(self.dense(self.dropout(x, key=k1)))
-        return self.out_proj(self.dropout(x, key=k2))
+        k_dense, k_out = projection_keys(key, 2)
+        x = jnp.tanh(self.dense(self.dropout(x, key=k1), key=k_dense))
+        return self.out_proj(self.dropout(x, key=k2), key=k_out)
 
 
 def _linear(n_in: int, n_out: int, std: float, dtype: Any, key: PRNGKeyArray) -> nn.Linear:
@@ -229,5 +230,6 @@ class T5ForTokenClassification(PretrainedModel):
             `logits`.
         """
         k_body, k_drop = split_key(key, 2)
+        (k_classifier,) = projection_keys(key, 1)
         hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask, key=k_body)
-        return self.classifier(self.dropout(hidden, key=k_drop))
+        return self.classifier(self.dropout(hidden, key=k_drop), key=k_classifier)

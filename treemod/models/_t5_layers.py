@@ -22,7 +22,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import attend, split_key
+from treemod.models._attention_parts import attend, projection_keys, split_key
 from treemod.models._axis_layouts import attention_in, attention_out, mlp_out
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
@@ -134,21 +134,25 @@ class T5Attention(Module):
             `(output, cache)`.
         """
         batch, q_len, _ = x.shape
-        q = self.q(x).reshape(batch, q_len, self.n_heads, self.d_kv)
+        kq, kk, kv_key, ko = projection_keys(key, 4)
+        q = self.q(x, key=kq).reshape(batch, q_len, self.n_heads, self.d_kv)
         if kv is not None:
             k, v = kv
         else:
-            k, v = self.keys_values(x if states is None else states)
+            k, v = self.keys_values(x if states is None else states, keys=(kk, kv_key))
         if cache is not None:
             cache, k, v = cache.write(k, v)
         out = attend(q, k, v, mask, scale=1.0, bias=bias, dropout=self.dropout, key=key)
-        return self.o(out.reshape(batch, q_len, self.n_heads * self.d_kv)), cache
+        return self.o(out.reshape(batch, q_len, self.n_heads * self.d_kv), key=ko), cache
 
-    def keys_values(self, states: Array) -> tuple[Array, Array]:
-        """Keys and values `(batch, len, heads, d_kv)` of `states`."""
+    def keys_values(
+        self, states: Array, *, keys: tuple[PRNGKeyArray | None, PRNGKeyArray | None] = (None, None)
+    ) -> tuple[Array, Array]:
+        """Keys and values `(batch, len, heads, d_kv)` of `states` (`keys`: `k`'s and `v`'s
+        keys, for LoRA dropout)."""
         batch, length, _ = states.shape
-        k = self.k(states).reshape(batch, length, self.n_heads, self.d_kv)
-        v = self.v(states).reshape(batch, length, self.n_heads, self.d_kv)
+        k = self.k(states, key=keys[0]).reshape(batch, length, self.n_heads, self.d_kv)
+        v = self.v(states, key=keys[1]).reshape(batch, length, self.n_heads, self.d_kv)
         return k, v
 
 
@@ -179,7 +183,9 @@ class T5DenseActDense(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """Apply the feed-forward to `(..., d_model)`."""
-        return self.wo(self.dropout(get_activation(self.act)(self.wi(x)), key=key))
+        k_in, k_out = projection_keys(key, 2)
+        h = get_activation(self.act)(self.wi(x, key=k_in))
+        return self.wo(self.dropout(h, key=key), key=k_out)
 
 
 @axis_names(mlp_out("wo"))
@@ -194,8 +200,9 @@ class T5DenseGatedActDense(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """Apply the feed-forward to `(..., d_model)`."""
-        gated = get_activation(self.act)(self.wi_0(x)) * self.wi_1(x)
-        return self.wo(self.dropout(gated, key=key))
+        k0, k1, k_out = projection_keys(key, 3)
+        gated = get_activation(self.act)(self.wi_0(x, key=k0)) * self.wi_1(x, key=k1)
+        return self.wo(self.dropout(gated, key=key), key=k_out)
 
 
 class T5LayerFF(Module):

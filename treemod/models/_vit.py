@@ -24,7 +24,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key, unwrapped
 from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._bert_layers import BertPooler, attend_encoder, attention_bias
@@ -96,9 +96,10 @@ class ViTPatchEmbeddings(Module):
 
     projection: nn.Conv2d
 
-    def __call__(self, pixel_values: Array) -> Array:
-        """`(batch, channels, height, width)` to `(batch, patches, hidden)`."""
-        x = self.projection(pixel_values)
+    def __call__(self, pixel_values: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, channels, height, width)` to `(batch, patches, hidden)` (`key`:
+        `projection`'s, for LoRA dropout)."""
+        x = self.projection(pixel_values, key=key)
         b, d = x.shape[:2]
         return jnp.swapaxes(x.reshape(b, d, -1), 1, 2)
 
@@ -121,9 +122,9 @@ class ViTEmbeddings(Module):
         `transformers`' `interpolate_pos_encoding`)."""
         table = self.position_embeddings
         height, width = pixel_values.shape[2:]
-        x = self.patch_embeddings(pixel_values)
+        x = self.patch_embeddings(pixel_values, key=projection_keys(key, 1)[0])
         if resize and not (x.shape[1] == table.shape[1] - 1 and height == width):
-            patch = self.patch_embeddings.projection.kernel_size[0]
+            patch = unwrapped(self.patch_embeddings.projection).kernel_size[0]
             resized = resize_grid(table[0, 1:], (height // patch, width // patch))
             table = jnp.concatenate([table[:, :1], resized[None]], axis=1)
         cls = jnp.broadcast_to(self.cls_token.astype(x.dtype), (x.shape[0], 1, x.shape[2]))
@@ -146,9 +147,13 @@ class ViTAttention(Module):
         """`(batch, seq, hidden)` to the same shape."""
         b, s, _ = x.shape
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        q, k, v = (p(x).reshape(b, s, self.num_heads, -1) for p in projections)
+        *keys, k_out = projection_keys(key, 4)
+        q, k, v = (
+            p(x, key=pk).reshape(b, s, self.num_heads, -1)
+            for p, pk in zip(projections, keys, strict=True)
+        )
         out = attend_encoder(q, k, v, bias, self.dropout, key=key)
-        return self.o_proj(out.reshape(b, s, -1))
+        return self.o_proj(out.reshape(b, s, -1), key=k_out)
 
 
 @axis_names(mlp_out("fc2"))
@@ -159,9 +164,10 @@ class ViTMLP(Module):
     fc2: nn.Linear
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """The feed-forward block."""
-        return self.fc2(get_activation(self.act)(self.fc1(x)))
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The feed-forward block (`key`: the projections', for LoRA dropout)."""
+        k1, k2 = projection_keys(key, 2)
+        return self.fc2(get_activation(self.act)(self.fc1(x, key=k1)), key=k2)
 
 
 class ViTLayer(Module):
@@ -176,8 +182,9 @@ class ViTLayer(Module):
     def __call__(self, x: Array, bias: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, seq, hidden)` to the same shape."""
         k1, k2, k3 = split_key(key, 3)
+        (k_mlp,) = projection_keys(key, 1)
         x = x + self.dropout(self.attention(self.layernorm_before(x), bias, key=k1), key=k2)
-        return x + self.dropout(self.mlp(self.layernorm_after(x)), key=k3)
+        return x + self.dropout(self.mlp(self.layernorm_after(x), key=k_mlp), key=k3)
 
 
 def _layer(c: dict[str, Any], dtype: Any, key: PRNGKeyArray) -> ViTLayer:
@@ -334,9 +341,9 @@ class ViTModel(PretrainedModel):
             `last_hidden_state`.
         """
         name = type(self).__name__
-        weight = self.embeddings.patch_embeddings.projection.weight
-        x = jnp.asarray(pixel_values).astype(weight.dtype)
-        channels = self.embeddings.patch_embeddings.projection.in_channels
+        projection = unwrapped(self.embeddings.patch_embeddings.projection)
+        x = jnp.asarray(pixel_values).astype(projection.weight.dtype)
+        channels = projection.in_channels
         size = self.embeddings.image_size
         if x.ndim != 4 or x.shape[1] != channels:
             raise ValueError(
@@ -432,5 +439,6 @@ class ViTForImageClassification(PretrainedModel):
             interpolate_pos_encoding=interpolate_pos_encoding,
             key=key,
         )
-        out: Array = self.classifier(hidden[:, 0])
+        # The body takes `key` itself: the classifier's key comes from another stream.
+        out: Array = self.classifier(hidden[:, 0], key=projection_keys(key, 1, stream=1)[0])
         return out

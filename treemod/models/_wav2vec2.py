@@ -25,7 +25,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import split_key
+from ._attention_parts import projection_keys, split_key
 from ._axis_layouts import vocab_head
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 from ._config_values import Value, num_labels, read_config
@@ -169,11 +169,13 @@ class Wav2Vec2FeatureEncoder(Module):
 
     conv_layers: tuple[Wav2Vec2ConvLayer, ...]
 
-    def __call__(self, audio: Array) -> Array:
-        """`(batch, samples)` to `(batch, conv_dim[-1], frames)`."""
+    def __call__(self, audio: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, samples)` to `(batch, conv_dim[-1], frames)` (`key`: the convolutions',
+        for LoRA dropout)."""
         x = audio[:, None]
-        for layer in self.conv_layers:
-            x = layer(x)
+        keys = projection_keys(key, len(self.conv_layers))
+        for layer, k in zip(self.conv_layers, keys, strict=True):
+            x = layer(x, key=k)
         return x
 
 
@@ -323,7 +325,7 @@ class Wav2Vec2Model(PretrainedModel):
                 f"{audio.shape}, the shape of input_values."
             )
         k_proj, k_enc = split_key(key, 2)
-        features = jnp.swapaxes(self.feature_extractor(audio), 1, 2)
+        features = jnp.swapaxes(self.feature_extractor(audio, key=key), 1, 2)
         frames = self.frames_mask(attention_mask, features.shape[1])
         x = self.feature_projection(features, key=k_proj)
         return self.encoder(x, frames, key=k_enc)
@@ -380,8 +382,11 @@ class Wav2Vec2ForCTC(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The CTC `logits`; arguments as `Wav2Vec2Model`'s."""
-        k_model, k_drop = split_key(inputs.pop("key", None), 2)
-        return self.lm_head(self.dropout(self.wav2vec2(**inputs, key=k_model), key=k_drop))
+        key = inputs.pop("key", None)
+        k_model, k_drop = split_key(key, 2)
+        (k_head,) = projection_keys(key, 1)
+        hidden = self.wav2vec2(**inputs, key=k_model)
+        return self.lm_head(self.dropout(hidden, key=k_drop), key=k_head)
 
 
 @register_architecture
@@ -437,10 +442,13 @@ class Wav2Vec2ForSequenceClassification(PretrainedModel):
 
     def __call__(self, **inputs: Any) -> Array:
         """The `logits` `(batch, num_labels)`; arguments as `Wav2Vec2Model`'s."""
-        h = self.projector(self.wav2vec2(**inputs))
+        # The body draws its projections' keys from the key itself: another stream here.
+        k_projector, k_classifier = projection_keys(inputs.get("key"), 2, stream=1)
+        h = self.projector(self.wav2vec2(**inputs), key=k_projector)
         frames = self.wav2vec2.frames_mask(inputs.get("attention_mask"), h.shape[1])
         if frames is None:
-            return self.classifier(h.mean(1))
+            return self.classifier(h.mean(1), key=k_classifier)
         keep = frames[..., None]
         total = jnp.where(keep, h, jnp.zeros((), h.dtype)).sum(1)
-        return self.classifier(total / frames.sum(1, keepdims=True).astype(h.dtype))
+        pooled = total / frames.sum(1, keepdims=True).astype(h.dtype)
+        return self.classifier(pooled, key=k_classifier)

@@ -18,7 +18,7 @@ import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
 
-from ._attention_parts import attend, split_key
+from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out, mlp_out
 from ._hf_activations import get_activation
 
@@ -67,9 +67,10 @@ class Wav2Vec2ConvLayer(Module):
     layer_norm: ChannelNorm | nn.LayerNorm | None
     act: str = field(static=True)
 
-    def __call__(self, x: Array) -> Array:
-        """`(batch, in_channels, time)` to `(batch, out_channels, new_time)`."""
-        x = self.conv(x)
+    def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """`(batch, in_channels, time)` to `(batch, out_channels, new_time)` (`key`: `conv`'s,
+        for LoRA dropout)."""
+        x = self.conv(x, key=key)
         if isinstance(self.layer_norm, nn.LayerNorm):
             x = jnp.swapaxes(self.layer_norm(jnp.swapaxes(x, 1, 2)), 1, 2)
         elif self.layer_norm is not None:
@@ -86,7 +87,8 @@ class Wav2Vec2FeatureProjection(Module):
 
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, time, conv_dim[-1])` to `(batch, time, hidden)`."""
-        return self.dropout(self.projection(self.layer_norm(x)), key=key)
+        (k_projection,) = projection_keys(key, 1)
+        return self.dropout(self.projection(self.layer_norm(x), key=k_projection), key=key)
 
 
 class WeightNormOriginals(Module):
@@ -161,12 +163,14 @@ class Wav2Vec2Attention(Module):
     def __call__(self, x: Array, mask: Array | None, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, time, hidden)` to the same shape."""
         b, t, _ = x.shape
+        *keys, k_out = projection_keys(key, 4)
         q, k, v = (
-            p(x).reshape(b, t, self.num_heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj)
+            p(x, key=pk).reshape(b, t, self.num_heads, -1)
+            for p, pk in zip((self.q_proj, self.k_proj, self.v_proj), keys, strict=True)
         )
         scale = q.shape[-1] ** -0.5
         out = attend(q, k, v, mask, scale=scale, dropout=self.dropout, key=key, scores="input")
-        return self.out_proj(out.reshape(b, t, -1))
+        return self.out_proj(out.reshape(b, t, -1), key=k_out)
 
 
 @axis_names(mlp_out("output_dense"))
@@ -182,8 +186,10 @@ class Wav2Vec2FeedForward(Module):
     def __call__(self, x: Array, *, key: PRNGKeyArray | None = None) -> Array:
         """`(batch, time, hidden)` to the same shape."""
         k1, k2 = split_key(key, 2)
-        h = self.intermediate_dropout(get_activation(self.act)(self.intermediate_dense(x)), key=k1)
-        return self.output_dropout(self.output_dense(h), key=k2)
+        k_in, k_out = projection_keys(key, 2)
+        h = get_activation(self.act)(self.intermediate_dense(x, key=k_in))
+        h = self.intermediate_dropout(h, key=k1)
+        return self.output_dropout(self.output_dense(h, key=k_out), key=k2)
 
 
 class Wav2Vec2EncoderLayer(Module):

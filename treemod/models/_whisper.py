@@ -21,7 +21,13 @@ from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import causal_mask, split_key, token_inputs
+from treemod.models._attention_parts import (
+    causal_mask,
+    projection_keys,
+    split_key,
+    token_inputs,
+    unwrapped,
+)
 from treemod.models._axis_layouts import vocab_head
 from treemod.models._base import (
     PretrainedConfig,
@@ -120,7 +126,7 @@ def features(owner: str, encoder: WhisperEncoder, input_features: Any) -> Array:
     """`input_features` checked against the encoder's mel bins and frames, in its dtype."""
     x = jnp.asarray(input_features)
     frames = 2 * encoder.embed_positions.weight.shape[0]
-    mels = encoder.conv1.weight.shape[1]
+    mels = unwrapped(encoder.conv1).weight.shape[1]
     if x.ndim != 3 or x.shape[1:] != (mels, frames):
         raise ValueError(
             f"{owner}: `input_features` must be log-mel features of shape "
@@ -128,7 +134,7 @@ def features(owner: str, encoder: WhisperEncoder, input_features: Any) -> Array:
             f"pad shorter audio as WhisperFeatureExtractor does); got "
             f"{x.dtype}{list(x.shape)}."
         )
-    return x.astype(encoder.conv1.weight.dtype)
+    return x.astype(unwrapped(encoder.conv1).weight.dtype)
 
 
 class _WhisperBase(PretrainedModel):
@@ -322,10 +328,11 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
             return {"proj_out.weight": "model.decoder.embed_tokens.weight"}
         return {}
 
-    def logits(self, hidden: Array) -> Array:
-        """The head over decoder states `(..., d_model)`."""
+    def logits(self, hidden: Array, *, key: PRNGKeyArray | None = None) -> Array:
+        """The head over decoder states `(..., d_model)` (`key`: `proj_out`'s, for LoRA
+        dropout)."""
         if self.proj_out is not None:
-            return self.proj_out(hidden)
+            return self.proj_out(hidden, key=key)
         return jnp.einsum("...d,vd->...v", hidden, self.model.decoder.embed_tokens.weight)
 
     def __call__(
@@ -367,7 +374,7 @@ class WhisperForConditionalGeneration(_WhisperBase, Seq2SeqLM):
         hidden = self._decode(
             states, decoder_input_ids, decoder_attention_mask, decoder_position_ids, k_dec
         )
-        return self.logits(hidden)
+        return self.logits(hidden, key=projection_keys(key, 1)[0])
 
     def _shift_right(self, owner: str, labels: Array) -> Array:
         v = whisper_values(owner, self.config)

@@ -18,6 +18,7 @@ from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
+from treemod.models._attention_parts import projection_keys
 from treemod.models._base import PretrainedConfig, PretrainedModel, register_architecture
 from treemod.models._config_values import num_labels
 from treemod.models._whisper import features, whisper_values
@@ -100,4 +101,7 @@ class WhisperForAudioClassification(PretrainedModel):
             states = jnp.stack(self.encoder.hidden_states(x, key=key), axis=1)
             weights = jax.nn.softmax(self.layer_weights, axis=-1)
             hidden = jnp.sum(states * weights[None, :, None, None], axis=1)
-        return self.classifier(jnp.mean(self.projector(hidden), axis=1))
+        # The encoder draws its projections' keys from `key` itself: another stream here.
+        k_projector, k_classifier = projection_keys(key, 2, stream=1)
+        pooled = jnp.mean(self.projector(hidden, key=k_projector), axis=1)
+        return self.classifier(pooled, key=k_classifier)

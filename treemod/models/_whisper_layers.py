@@ -20,7 +20,7 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import attend, split_key
+from treemod.models._attention_parts import attend, projection_keys, split_key
 from treemod.models._axis_layouts import attention_in, attention_out, mlp_out, positions
 from treemod.models._causal_lm import KVCache
 from treemod.models._hf_activations import get_activation
@@ -58,11 +58,15 @@ class WhisperAttention(Module):
     num_heads: int = field(static=True)
     head_dim: int = field(static=True)
 
-    def keys_values(self, states: Array) -> tuple[Array, Array]:
-        """Keys and values `(batch, len, heads, head_dim)` of `states`."""
+    def keys_values(
+        self, states: Array, *, keys: tuple[PRNGKeyArray | None, PRNGKeyArray | None] = (None, None)
+    ) -> tuple[Array, Array]:
+        """Keys and values `(batch, len, heads, head_dim)` of `states` (`keys`: `k_proj`'s and
+        `v_proj`'s, for LoRA dropout)."""
         batch, length, _ = states.shape
         shape = (batch, length, self.num_heads, self.head_dim)
-        return self.k_proj(states).reshape(shape), self.v_proj(states).reshape(shape)
+        k = self.k_proj(states, key=keys[0]).reshape(shape)
+        return k, self.v_proj(states, key=keys[1]).reshape(shape)
 
     def __call__(
         self,
@@ -89,12 +93,16 @@ class WhisperAttention(Module):
         """
         batch, q_len, _ = x.shape
         scale = jnp.asarray(self.head_dim**-0.5, x.dtype)
-        q = (self.q_proj(x) * scale).reshape(batch, q_len, self.num_heads, self.head_dim)
-        k, v = kv if kv is not None else self.keys_values(x if states is None else states)
+        kq, kk, kv_key, ko = projection_keys(key, 4)
+        q = (self.q_proj(x, key=kq) * scale).reshape(batch, q_len, self.num_heads, self.head_dim)
+        if kv is not None:
+            k, v = kv
+        else:
+            k, v = self.keys_values(x if states is None else states, keys=(kk, kv_key))
         if cache is not None:
             cache, k, v = cache.write(k, v)
         out = attend(q, k, v, mask, scale=1.0, dropout=self.dropout, key=key)
-        return self.out_proj(out.reshape(batch, q_len, -1)), cache
+        return self.out_proj(out.reshape(batch, q_len, -1), key=ko), cache
 
 
 @axis_names(mlp_out("fc2"))
@@ -107,8 +115,10 @@ class _FeedForward(Module):
     act: str = field(static=True)
 
     def feed_forward(self, x: Array, k1: Any, k2: Any) -> Array:
-        h = get_activation(self.act)(self.fc1(self.final_layer_norm(x)))
-        return x + self.dropout(self.fc2(self.activation_dropout(h, key=k1)), key=k2)
+        k_fc1, k_fc2 = projection_keys(k1, 2)
+        h = get_activation(self.act)(self.fc1(self.final_layer_norm(x), key=k_fc1))
+        h = self.fc2(self.activation_dropout(h, key=k1), key=k_fc2)
+        return x + self.dropout(h, key=k2)
 
 
 class WhisperEncoderLayer(_FeedForward):
@@ -194,7 +204,8 @@ class WhisperEncoder(Module):
                 "which treemod does not implement; set it to false (or run in inference mode)."
             )
         gelu = get_activation("gelu")
-        h = gelu(self.conv2(gelu(self.conv1(features))))
+        k_conv1, k_conv2 = projection_keys(key, 2)
+        h = gelu(self.conv2(gelu(self.conv1(features, key=k_conv1)), key=k_conv2))
         h = jnp.swapaxes(h, 1, 2) + self.embed_positions.weight.astype(h.dtype)[None]
         keys = split_key(key, len(self.layers) + 1)
         states = [self.dropout(h, key=keys[0])]

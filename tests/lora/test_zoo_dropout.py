@@ -1,0 +1,271 @@
+"""LoRA dropout in every zoo family: each layer `add_lora` can wrap gets a dropout key of its own.
+
+One small model per family, adapters on every `Linear` / `Conv` PEFT could target, random B (so
+the adapters change the output). Independent checks: with `lora_dropout=1.0` the adapters'
+input is all zeros, so the model computes exactly the base model's output; with 0 < p < 1 the
+output depends on the key (and only on it); gradients reach each A.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+import treemod as tm
+import treemod.lora as lora
+import treemod.models as tmm
+from treemod.lora._select import rewrite_named
+from treemod.models.gpt2 import Conv1D
+
+TEXT = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+}
+DECODER = {**TEXT, "num_key_value_heads": 2}
+ENCODER = {**TEXT, "num_labels": 3}
+VISION = {
+    "hidden_size": 32,
+    "intermediate_size": 40,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 16,
+    "patch_size": 4,
+    "num_labels": 3,
+}
+CLIP_TEXT = {**TEXT, "eos_token_id": 63, "bos_token_id": 62, "pad_token_id": 1}
+CLIP_VISION = {k: v for k, v in VISION.items() if k != "num_labels"}
+SEQ2SEQ = {"vocab_size": 60, "decoder_start_token_id": 0}
+
+IDS = np.array([[2, 5, 9, 3, 7, 12], [4, 4, 8, 10, 11, 13]], dtype=np.int32)
+PIXELS = np.random.default_rng(0).normal(size=(2, 3, 16, 16)).astype(np.float32)
+AUDIO = np.random.default_rng(1).normal(size=(2, 400)).astype(np.float32)
+MEL = np.random.default_rng(2).normal(size=(2, 8, 24)).astype(np.float32)
+TEXT_IN = {"input_ids": IDS}
+IMAGE_IN = {"pixel_values": PIXELS}
+
+# architecture: (config, inputs)
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "GPT2LMHeadModel": ({"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64}, TEXT_IN),
+    "LlamaForCausalLM": (DECODER, TEXT_IN),
+    "MistralForCausalLM": ({**DECODER, "sliding_window": 4}, TEXT_IN),
+    "Qwen2ForCausalLM": (DECODER, TEXT_IN),
+    "Qwen3ForCausalLM": ({**DECODER, "head_dim": 8}, TEXT_IN),
+    "GemmaForCausalLM": ({**DECODER, "head_dim": 8}, TEXT_IN),
+    "Gemma2ForCausalLM": ({**DECODER, "head_dim": 8}, TEXT_IN),
+    "Gemma3ForCausalLM": ({**DECODER, "head_dim": 8}, TEXT_IN),
+    "Phi3ForCausalLM": ({**DECODER, "pad_token_id": 0}, TEXT_IN),
+    "MixtralForCausalLM": (
+        {**DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+        TEXT_IN,
+    ),
+    "BertForSequenceClassification": (ENCODER, TEXT_IN),
+    "RobertaForMaskedLM": ({**ENCODER, "max_position_embeddings": 70, "pad_token_id": 1}, TEXT_IN),
+    "XLMRobertaForTokenClassification": (
+        {**ENCODER, "max_position_embeddings": 70, "pad_token_id": 1},
+        TEXT_IN,
+    ),
+    "DistilBertForSequenceClassification": (
+        {
+            "vocab_size": 64,
+            "dim": 32,
+            "n_layers": 2,
+            "n_heads": 4,
+            "hidden_dim": 48,
+            "num_labels": 3,
+        },
+        TEXT_IN,
+    ),  # fmt: skip
+    "MPNetForMaskedLM": ({**ENCODER, "max_position_embeddings": 70}, TEXT_IN),
+    "DebertaV2ForSequenceClassification": (
+        {
+            **ENCODER,
+            "relative_attention": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "position_buckets": 8,
+            "max_relative_positions": 64,
+            "share_att_key": True,
+            "norm_rel_ebd": "layer_norm",
+            "position_biased_input": False,
+        },
+        TEXT_IN,
+    ),  # fmt: skip
+    "ModernBertForSequenceClassification": (
+        {
+            **ENCODER,
+            "local_attention": 4,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "cls_token_id": 1,
+            "sep_token_id": 2,
+        },
+        TEXT_IN,
+    ),  # fmt: skip
+    "T5ForConditionalGeneration": (
+        {
+            **SEQ2SEQ,
+            "d_model": 16,
+            "d_kv": 4,
+            "d_ff": 24,
+            "num_layers": 2,
+            "num_heads": 4,
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 12,
+        },
+        {"input_ids": IDS, "decoder_input_ids": IDS[:, :4]},
+    ),  # fmt: skip
+    "WhisperForConditionalGeneration": (
+        {
+            **SEQ2SEQ,
+            "d_model": 16,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 24,
+            "decoder_ffn_dim": 20,
+            "num_mel_bins": 8,
+            "max_source_positions": 12,
+            "max_target_positions": 30,
+            "decoder_start_token_id": 1,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        {"input_features": MEL, "decoder_input_ids": IDS[:, :4]},
+    ),  # fmt: skip
+    "Wav2Vec2ForSequenceClassification": (
+        {
+            "hidden_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 24,
+            "conv_dim": [8, 12],
+            "conv_stride": [4, 2],
+            "conv_kernel": [8, 3],
+            "num_conv_pos_embeddings": 6,
+            "num_conv_pos_embedding_groups": 2,
+            "vocab_size": 20,
+            "classifier_proj_size": 8,
+        },
+        {"input_values": AUDIO},
+    ),  # fmt: skip
+    "ViTForImageClassification": (VISION, IMAGE_IN),
+    "Dinov2ForImageClassification": ({**VISION, "mlp_ratio": 2}, IMAGE_IN),
+    "ConvNextForImageClassification": (
+        {"hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2, "num_labels": 3},
+        IMAGE_IN,
+    ),
+    "ResNetForImageClassification": (
+        {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "num_labels": 3},
+        IMAGE_IN,
+    ),
+    "CLIPModel": (
+        {"text_config": CLIP_TEXT, "vision_config": CLIP_VISION, "projection_dim": 8},
+        {"input_ids": IDS, "pixel_values": PIXELS},
+    ),
+    "SiglipModel": (
+        {"text_config": CLIP_TEXT, "vision_config": CLIP_VISION},
+        {"input_ids": IDS, "pixel_values": PIXELS},
+    ),
+}
+
+
+def wrappable(model: Any) -> list[str]:
+    """The names of every layer `add_lora` can wrap (all Linear, Conv and GPT-2's Conv1D)."""
+    names: list[str] = []
+
+    def visit(node: Any, name: str) -> Any:
+        if isinstance(node, tm.nn.Linear) and "scalar" not in (node.in_features,
+                                                                 node.out_features):  # fmt: skip
+            names.append(name)
+        elif isinstance(node, Conv1D) or (
+            isinstance(node, tm.nn.Conv) and node.groups == 1 and node.padding_mode == "ZEROS"
+        ):
+            names.append(name)
+        else:
+            return None
+        return node  # found: not looked into
+
+    rewrite_named(model, visit)
+    return names
+
+
+def randomise_b(model: Any, seed: int = 4) -> Any:
+    """Random non-zero B in every LoRA layer (B starts at zero), so that adapters matter."""
+    keys = iter(jax.random.split(jax.random.key(seed), 1000))
+
+    def one(layer: Any) -> Any:
+        w = layer.lora_B.weight
+        return tm.tree_at(
+            lambda m: m.lora_B.weight, layer, 0.3 * jax.random.normal(next(keys), w.shape)
+        )
+
+    with tm.shape_checks(False):  # a LoRA layer of a Stack holds stacked arrays
+        return jax.tree_util.tree_map(
+            lambda x: one(x) if lora.is_lora_layer(x) else x, model, is_leaf=lora.is_lora_layer
+        )
+
+
+def lora_training(model: Any) -> Any:
+    """`model` with its adapters' dropouts in training mode (the base as loaded: inference)."""
+
+    def one(layer: Any) -> Any:
+        return tm.tree_at(lambda m: m.lora_dropout, layer, tm.nn.Dropout(layer.lora_dropout.p))
+
+    return jax.tree_util.tree_map(
+        lambda x: one(x) if lora.is_lora_layer(x) else x, model, is_leaf=lora.is_lora_layer
+    )
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def base(arch: str) -> Any:
+    if arch not in _MODELS:
+        config, _ = CASES[arch]
+        cls = tmm.registered_architectures()[arch]
+        _MODELS[arch] = cls.from_config(config, key=jax.random.key(0))
+    return _MODELS[arch]
+
+
+def tuned(arch: str, p: float) -> Any:
+    model = base(arch)
+    adapted = lora.add_lora(model, wrappable(model), r=4, alpha=8, dropout=p, key=jax.random.key(1))
+    return lora_training(randomise_b(adapted))
+
+
+def run(arch: str) -> Callable[..., Any]:
+    _, inputs = CASES[arch]
+    return tm.filter_jit(lambda m, key: m(**inputs, key=key))
+
+
+def leaves(out: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_dropout_one_gives_the_base_output_and_keys_decide_the_rest(arch: str) -> None:
+    call = run(arch)
+    key = jax.random.key(7)
+    want = leaves(call(base(arch), key))
+    # p = 1: every adapter's input is zero, so B @ A adds nothing, whatever B is.
+    for got, ref in zip(leaves(call(tuned(arch, 1.0), key)), want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    half = tuned(arch, 0.5)
+    first = leaves(call(half, key))
+    again = leaves(call(half, key))
+    other = leaves(call(half, jax.random.key(8)))
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.allclose(a, b) for a, b in zip(first, other, strict=True))
+    # The adapters matter at p = 0.5 (B is random), so the p = 1 check above tested them.
+    assert any(not np.allclose(a, b) for a, b in zip(first, want, strict=True))
