@@ -86,7 +86,8 @@ def check_hyperparameters(
 
 def _check_rank(node: Any, name: str, r: int) -> None:
     if isinstance(node, AdaptedAsLinear):
-        fan_in, fan_out = int(node.in_features), int(node.out_features)
+        layer: Any = node  # the contract's fields (a mixin declares no fields of a Module)
+        fan_in, fan_out = int(layer.in_features), int(layer.out_features)
     elif not hasattr(node, "weight") or getattr(node.weight, "ndim", 0) < 2:
         return
     elif isinstance(node, Conv):

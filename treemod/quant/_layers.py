@@ -12,6 +12,7 @@ from jax import lax
 from jaxtyping import Array, PRNGKeyArray
 
 from treemod._module.module import Module, field
+from treemod.lora._select import AdaptedAsLinear
 from treemod.nn._utils import lead
 
 from . import _formats as fmt
@@ -32,13 +33,13 @@ def row_slices(rows: int, unit: int) -> int:
     return max(n for n in range(1, MAX_SLICES + 1) if units % n == 0)
 
 
-class QuantLinear(Module):
+class QuantLinear(Module, AdaptedAsLinear):
     """The common part of the quantised linear layers: `y = x @ dequantise(W).T + bias`.
 
     Subclasses hold the packed weight and its scales and say how to dequantise a slice of
     rows; the call scans over `slices` slices of the output rows, dequantising each under
     `jax.checkpoint`, so neither the forward nor the backward pass holds the whole float
-    weight.
+    weight. `treemod.lora.add_lora` wraps it like a `Linear` (it declares `AdaptedAsLinear`).
 
     Arguments:
         bias: the float bias, or `None`.
