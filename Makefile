@@ -58,8 +58,10 @@ typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
 # --dist loadfile: each test file runs on one worker, so its module-scoped fixtures (a mkdocs
-# build, the multi-process runs) are computed once.
-PYTEST_ARGS := -n 2 --dist loadfile tests benchmarks/tests treemod
+# build, the multi-process runs) are computed once. --max-worker-restart=0: a worker that dies
+# (a segfault, or pyproject's faulthandler_timeout) ends the run with the test named; replacing
+# it makes pytest-xdist 3.8's loadfile scheduler wait forever (pytest-xdist issues 784, 1378).
+PYTEST_ARGS := -n 2 --dist loadfile --max-worker-restart=0 tests benchmarks/tests treemod
 FAST := -m "not heavy and not slow"
 
 # The whole suite on the newest end (deprecation warnings raised from treemod's code are errors:

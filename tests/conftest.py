@@ -23,6 +23,18 @@
 - Reference libraries: with the `CI` environment variable set (`.ci/run` sets it), a missing
   reference library (`REFERENCES` in helpers.py) stops the run before any test; elsewhere the
   tests that need one skip, so a contributor without PyTorch can still run the rest.
+- JAX's persistent compilation cache: off in every test process. A test that turns it on
+  (`tm.enable_compile_cache`, `jax_compilation_cache_dir`) in the worker itself must turn it off
+  again (the `persistent_compile_cache` fixture does both); otherwise every later test in that
+  worker writes its programs to the directory, and in CI one of them segfaulted inside XLA's
+  `_compile_and_write_cache` and left the run hanging. After each test the settings are
+  compared with those at the start; a test that left the cache on fails at teardown, naming
+  the directory, and the settings are put back and JAX's cache handle reset.
+- Hangs and crashes: pyproject's `faulthandler_timeout` (pytest's own) prints every thread's
+  traceback and ends the process when one test runs for 15 minutes, and the Makefile's
+  `--max-worker-restart=0` ends the run, naming the test, when a worker dies (segfault or
+  timeout): pytest-xdist 3.8's `--dist loadfile` deadlocks after replacing a crashed worker
+  (it requeues the dead worker's finished files as empty work; pytest-xdist issues 784, 1378).
 - Recursion headroom: jaxlib's C++ tree flattening loses one level of Python's recursion budget
   per enclosing container whenever a flatten function or an `is_leaf` raises (jaxlib 0.10.2),
   and `sys.setrecursionlimit` does not give it back (it keeps the depth in use). treemod's own
@@ -108,6 +120,66 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     if leaked > 0:
         sys.setrecursionlimit(sys.getrecursionlimit() + leaked)
         _BUDGET["given_back"] += leaked
+
+
+_CACHE_SETTINGS = (
+    "jax_enable_compilation_cache",
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+# The settings the test processes start with (the cache directory unset unless the environment
+# sets JAX_COMPILATION_CACHE_DIR), which every test must leave as it found them.
+SESSION_CACHE_SETTINGS = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+
+
+def restore_compile_cache_settings() -> str | None:
+    """Put JAX's persistent-cache settings back as the session started, if a test changed them.
+
+    Returns:
+        None if they were unchanged; else what was found, for the test's failure message (the
+        settings are restored and JAX's cache handle reset either way, so the next test starts
+        clean).
+    """
+    from treemod._private_apis import reset_compilation_cache
+
+    changed = {
+        name: getattr(jax.config, name)
+        for name, value in SESSION_CACHE_SETTINGS.items()
+        if getattr(jax.config, name) != value
+    }
+    if not changed:
+        return None
+    for name in changed:
+        jax.config.update(name, SESSION_CACHE_SETTINGS[name])
+    reset_compilation_cache()
+    return (
+        f"the test left JAX's persistent compilation cache settings changed ({changed}); "
+        "every later test in this worker would write its programs there. Turn it on through "
+        "the `persistent_compile_cache` fixture (tests/conftest.py), which turns it off after "
+        "the test, or restore the settings and call "
+        "treemod._private_apis.reset_compilation_cache() yourself."
+    )
+
+
+@pytest.fixture(autouse=True)
+def compile_cache_left_off() -> Iterator[None]:
+    """Fail, at teardown, a test that left JAX's persistent compilation cache on; turn it off."""
+    yield
+    if (problem := restore_compile_cache_settings()) is not None:
+        pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture
+def persistent_compile_cache(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """JAX's persistent compilation cache on in a fresh directory for one test, off after it."""
+    import treemod as tm
+
+    directory = tm.enable_compile_cache(tmp_path / "compile-cache")
+    try:
+        yield directory
+    finally:
+        restore_compile_cache_settings()
 
 
 @pytest.fixture(autouse=True)
