@@ -108,7 +108,8 @@ def causal_mask(
                [0, 1, 0],
                [0, 1, 1]], dtype=int32)
     """
-    index = jnp.arange(seq_len)  # a symbolic length under jax.export too
+    # A symbolic length under jax.export too; lax.iota, since jax2onnx's jnp.arange takes none.
+    index = jax.lax.iota(jnp.int32, seq_len)
     allowed = index[None, :] <= index[:, None]
     if sliding_window is not None:
         allowed &= index[None, :] > index[:, None] - sliding_window

@@ -279,7 +279,7 @@ class BertModel(PretrainedModel):
         last = shape[1] - 1 if pad is None else shape[1] + pad
         check_positions(type(self).__name__, shape[1], last, limit)
         if pad is None:
-            return jnp.arange(shape[1])[None, :]
+            return jax.lax.iota(jnp.int32, shape[1])[None, :]  # jax2onnx: not jnp.arange
         return padded_positions(ids, shape, pad)
 
 

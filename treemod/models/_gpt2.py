@@ -372,7 +372,8 @@ class GPT2Model(PretrainedModel):
         ids, mask, positions = token_inputs(owner, input_ids, attention_mask, position_ids)
         seq = ids.shape[1]
         hidden = self.wte(ids)
-        pos = positions if positions is not None else jnp.arange(seq)[None]
+        # lax.iota, not jnp.arange: jax2onnx's jnp.arange cannot take a symbolic length.
+        pos = positions if positions is not None else lax.iota(jnp.int32, seq)[None]
         hidden = hidden + self.wpe(pos)
         if token_type_ids is not None:
             types = jnp.asarray(token_type_ids)
