@@ -70,6 +70,7 @@ from treemod._sharding.rules import (
 )
 from treemod._sharding.place import model_shardings, shard
 from treemod._sharding.init import sharded_init
+from treemod._sharding.constrain import axis_rules, constrain
 
 # Shape checks. `ShapeCheckError` is made at its first lookup (it subclasses jaxtyping's error,
 # and jaxtyping is imported only when shape checks first need it): see `__getattr__` below.
@@ -211,6 +212,8 @@ __all__ = [
     # Sharding.
     "ShardingError",
     "axis_names",
+    "axis_rules",
+    "constrain",
     "fsdp_rules",
     "fsdp_tp_rules",
     "logical_axes",

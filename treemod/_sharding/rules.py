@@ -27,11 +27,13 @@ from jax.sharding import Mesh, PartitionSpec
 from treemod._sharding.axes import AxisNames
 
 __all__ = [
+    "MeshAxes",
     "Rules",
     "ShardingError",
     "check_rules",
     "fsdp_rules",
     "fsdp_tp_rules",
+    "mesh_axes",
     "spec_for",
     "tensor_parallel_rules",
 ]
@@ -52,7 +54,7 @@ def fsdp_rules(axis: str = "data") -> tuple[tuple[str, MeshAxes], ...]:
     """Fully sharded data parallelism: every weight split over `axis` on one dimension.
 
     Each array is split on its first named dimension that `axis`'s size divides; an array
-    with none stays replicated.
+    with none stays replicated. Activations (`treemod.constrain`) are split by `batch`.
 
     Arguments:
         axis: the mesh axis the batch is split over.
@@ -65,7 +67,8 @@ def fsdp_rules(axis: str = "data") -> tuple[tuple[str, MeshAxes], ...]:
         >>> tm.fsdp_rules()[:2]
         (('embed', 'data'), ('embed', None))
     """
-    return tuple(rule for name in WEIGHT_NAMES for rule in ((name, axis), (name, None)))
+    names = (*WEIGHT_NAMES, "batch")
+    return tuple(rule for name in names for rule in ((name, axis), (name, None)))
 
 
 def tensor_parallel_rules(axis: str = "model") -> tuple[tuple[str, MeshAxes], ...]:
@@ -112,7 +115,8 @@ def fsdp_tp_rules(data: str = "data", model: str = "model") -> tuple[tuple[str, 
     return tensor_parallel_rules(model) + fsdp_rules(data)
 
 
-def _mesh_axes(axes: MeshAxes) -> tuple[str, ...]:
+def mesh_axes(axes: MeshAxes) -> tuple[str, ...]:
+    """The mesh axis names of a rule's target (`None`: none)."""
     return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
@@ -126,9 +130,9 @@ def check_rules(rules: Rules, mesh: Mesh) -> None:
                 re.compile(rule[0])
             except re.error as e:
                 raise ShardingError(f"rule {rule!r}: not a regular expression ({e}).") from None
-            axes = [a for entry in rule[1] for a in _mesh_axes(entry)]
+            axes = [a for entry in rule[1] for a in mesh_axes(entry)]
         else:
-            axes = list(_mesh_axes(rule[1]))
+            axes = list(mesh_axes(rule[1]))
         for axis in axes:
             if axis not in mesh.shape:
                 raise ShardingError(
@@ -163,7 +167,7 @@ def spec_for(
                     f"only {len(shape)} axes."
                 )
             for size, entry in zip(shape, target, strict=False):
-                n = math.prod(mesh.shape[a] for a in _mesh_axes(entry))
+                n = math.prod(mesh.shape[a] for a in mesh_axes(entry))
                 if size % n:
                     raise ShardingError(
                         f"{path}: rule {pattern!r} splits a dimension of size {size} over "
@@ -183,7 +187,7 @@ def spec_for(
         for rule_name, target in rules:
             if rule_name != name or isinstance(target, PartitionSpec):
                 continue
-            axes = _mesh_axes(target)
+            axes = mesh_axes(target)
             if used.intersection(axes):
                 continue
             if size % math.prod(mesh.shape[a] for a in axes):
@@ -194,7 +198,7 @@ def spec_for(
             used.update(axes)
             break
         if refused is not None:
-            n = math.prod(mesh.shape[a] for a in _mesh_axes(refused[1]))
+            n = math.prod(mesh.shape[a] for a in mesh_axes(refused[1]))
             raise ShardingError(
                 f"{path}: dimension {dim} (axis {name!r}, size {size}) cannot be split by rule "
                 f"{refused!r}: {n} devices do not divide {size}. Add a fallback rule "

@@ -19,6 +19,7 @@ from jax import Array
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
+from treemod._sharding.constrain import active_axis_rules, constrain
 
 __all__ = ["attend", "causal_mask", "token_inputs", "split_key", "projection_keys", "unwrapped"]
 
@@ -175,6 +176,8 @@ def attend(
         >>> attend(q, kv, kv, None, scale=8**-0.5).shape
         (1, 3, 4, 8)
     """
+    if active_axis_rules() is not None:  # under `tm.axis_rules`: split by heads
+        q, k, v = (constrain(t, ("batch", None, "heads", None)) for t in (q, k, v))
     # jax.nn.dot_product_attention runs grouped heads in another order (other last bits).
     same_heads = q.shape[2] == k.shape[2] and q.dtype == k.dtype == v.dtype
     float32 = scores == "float32" or q.dtype == jnp.float32

@@ -16,6 +16,7 @@ from treemod._format.describe import describe_value
 from treemod._module.module import Module, field
 from treemod._module.state import State, collect_state_updates, is_state, update_state
 from treemod._sharding.axes import axis_names
+from treemod._sharding.constrain import active_axis_rules, constrain_hidden
 from treemod._transforms.remat import RematPolicy, checkpoint_policy
 from treemod._tree.filters import combine, is_array, partition
 
@@ -205,9 +206,13 @@ class Stack(Module, check_descendants=False):
         takes_key = accepts_key(self.layers)
         keys = None if key is None else jax.random.split(key, self.num_layers)
         updated: list[int] = []
+        # Read once per trace: without `tm.axis_rules` the body traces nothing more.
+        constrained = active_axis_rules() is not None
 
         def body(carry: Any, xs: Any) -> tuple[Any, Any]:
             layer_arrays, k = xs
+            if constrained:  # the hidden state between layers, split as the rules say
+                carry = constrain_hidden(carry)
             layer = combine(layer_arrays, static)
             if takes_key:
                 call = lambda: layer(carry, *args, key=k, **kwargs)  # noqa: E731
