@@ -35,8 +35,12 @@ $(VENV)/.examples: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[examples]'
 	touch $@
 
+# jax2onnx (the ONNX tests) without its dependencies: its metadata pins orbax-checkpoint<0.11.37,
+# which would downgrade the dev extra's orbax-checkpoint>=0.12, and it never imports Orbax
+# (`grep -r orbax` over its source finds nothing). The `onnx` extra lists what it does import.
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(PIP) -e '.[dev,torch,examples]'
+	$(PIP) -e '.[dev,torch,examples,onnx]'
+	$(PIP) --no-deps jax2onnx==0.17.1
 	touch $@
 
 $(VENV_OLDEST)/.dev: pyproject.toml $(OLDEST) | $(BIN_OLDEST)/python
