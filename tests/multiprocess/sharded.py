@@ -8,8 +8,6 @@ and per host:
   tracemalloc's peak during the load (the host copies it made);
 - `save_pretrained` of that model: every process writes its own shards into one file; the
   bytes it wrote and tracemalloc's peak;
-- `tm.sharded_init` of the same model under `tm.fsdp_rules()`: addressable bytes per device and
-  per process;
 - Orbax: the model and an Adam state (after one update) under `fsdp_rules` and under
   `fsdp_tp_rules`, saved by both processes; every leaf gathered whole, for the test process to
   compare with what it restores onto 1, 2 and 4 devices.
@@ -101,7 +99,7 @@ def _traced(run: Any) -> tuple[Any, int]:
 
 
 def everything(checkpoint: str, folder: str) -> dict[str, Any]:
-    """Load, save, init and Orbax-save a Llama across processes; figures and gathered values."""
+    """Load, save and Orbax-save a Llama across processes; figures and gathered values."""
     mesh = Mesh(np.array(jax.devices()), ("data",))
     out: dict[str, Any] = {"process_index": jax.process_index(), "devices": jax.device_count()}
 
@@ -130,20 +128,9 @@ def everything(checkpoint: str, folder: str) -> dict[str, Any]:
     out["save/peak_traced"] = peak
     out["save/seconds"] = time.perf_counter() - started - out["load/seconds"]
 
-    out.update(_init_figures())
-    out["init/seconds"] = time.perf_counter() - started - out["load/seconds"] - out["save/seconds"]
     out.update(_orbax_save(model, folder))
     out["seconds"] = time.perf_counter() - started
     return out
-
-
-def _init_figures() -> dict[str, Any]:
-    """`tm.sharded_init` under `fsdp_rules` on the 8 devices of both processes."""
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    rules = tm.fsdp_rules()
-    model = tm.sharded_init(build, mesh, rules, jax.random.key(0))
-    host, device, total = _local_bytes(model)
-    return {"init/host_bytes": host, "init/device_bytes": device, "init/total_bytes": total}
 
 
 def _adam_step(adam: Any, state_shardings: Any, params: Any) -> Any:
