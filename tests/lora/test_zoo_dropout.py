@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -248,11 +249,34 @@ def run(arch: str) -> Callable[..., Any]:
     return tm.filter_jit(lambda m, key: m(**inputs, key=key))
 
 
+def lora_layers(model: Any) -> list[Any]:
+    found = jax.tree_util.tree_leaves(model, is_leaf=lora.is_lora_layer)
+    return [x for x in found if lora.is_lora_layer(x)]
+
+
 def leaves(out: Any) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(out)]
 
 
-@pytest.mark.parametrize("arch", list(CASES))
+# Every family runs in the full suite; these in the fast loop (decoders, an encoder, convolutions).
+FAST = {"GPT2LMHeadModel", "LlamaForCausalLM", "BertForSequenceClassification",
+        "ResNetForImageClassification"}  # fmt: skip
+ARCHS = [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in CASES]
+
+
+def loss_and_grads(model: Any, arch: str, key: Any) -> tuple[Any, Any]:
+    """A squared-output loss and its gradients with respect to the adapters only."""
+    _, inputs = CASES[arch]
+    adapters, frozen = tm.partition(model, lora.trainable(model))
+
+    def loss(adapters: Any) -> Any:
+        out = tm.combine(adapters, frozen)(**inputs, key=key)
+        return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(out))
+
+    return tm.filter_jit(tm.filter_value_and_grad(loss))(adapters)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_dropout_one_gives_the_base_output_and_keys_decide_the_rest(arch: str) -> None:
     call = run(arch)
     key = jax.random.key(7)
@@ -269,3 +293,132 @@ def test_dropout_one_gives_the_base_output_and_keys_decide_the_rest(arch: str) -
     assert any(not np.allclose(a, b) for a, b in zip(first, other, strict=True))
     # The adapters matter at p = 0.5 (B is random), so the p = 1 check above tested them.
     assert any(not np.allclose(a, b) for a, b in zip(first, want, strict=True))
+    # Training reaches every A through the dropped-out inputs.
+    _, grads = loss_and_grads(half, arch, key)
+    layers = lora_layers(grads)
+    assert len(layers) == len(lora_layers(half)) > 0
+    for layer in layers:
+        g = np.asarray(layer.lora_A.weight)
+        assert np.all(np.isfinite(g)), layer.path
+        assert np.any(g != 0), layer.path
+
+
+def test_a_training_call_without_a_key_names_the_layer_and_asks_for_one() -> None:
+    model = tuned("LlamaForCausalLM", 0.1)
+    with pytest.raises(
+        ValueError,
+        match=r"LoRALinear at model\.layers\.layers\.self_attn\.q_proj: lora_dropout=0\.1 "
+        r"needs a key in training mode.*Pass `key=` to the model's call",
+    ):
+        model(input_ids=IDS)
+    # In inference mode the adapters' dropout is off and no key is needed.
+    np.testing.assert_array_equal(
+        tm.nn.inference_mode(model)(input_ids=IDS),
+        tm.nn.inference_mode(model)(input_ids=IDS, key=jax.random.key(0)),
+    )
+
+
+def test_a_few_optax_steps_with_lora_dropout_lower_a_llamas_loss() -> None:
+    optax = pytest.importorskip("optax")
+    model = lora.add_lora(
+        base("LlamaForCausalLM"), ["q_proj", "v_proj", "down_proj"], r=4, alpha=8, dropout=0.05,
+        key=jax.random.key(1),
+    )  # fmt: skip
+    adapters, frozen = tm.partition(model, lora.trainable(model))
+    targets = jnp.roll(jnp.asarray(IDS), -1, axis=1)
+
+    def loss(adapters: Any, key: Any) -> Any:
+        logits = tm.combine(adapters, frozen)(input_ids=IDS, key=key)
+        picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)
+        return -jnp.mean(picked)
+
+    optimiser = optax.adam(1e-2)
+
+    @tm.filter_jit
+    def step(adapters: Any, state: Any, key: Any) -> tuple[Any, Any, Any]:
+        value, grads = tm.filter_value_and_grad(loss)(adapters, key)
+        updates, state = optimiser.update(grads, state, adapters)
+        return tm.apply_updates(adapters, updates), state, value
+
+    losses = []
+    # optax's Adam mixes Python floats with int32 step counts, which strict promotion refuses.
+    with jax.numpy_dtype_promotion("standard"):
+        state = optimiser.init(tm.filter(adapters, tm.is_array))
+        for key in jax.random.split(jax.random.key(2), 6):
+            adapters, state, value = step(adapters, state, key)
+            losses.append(float(value))
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+# family: (transformers class, its config class, treemod class, config, PEFT target_modules,
+# inputs, the output transformers returns)
+PEFT_CASES: dict[str, tuple[str, str, str, dict[str, Any], list[str], dict[str, Any], str]] = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", "LlamaForCausalLM", DECODER,
+              ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+              TEXT_IN, "logits"),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", "GPT2LMHeadModel",
+             {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64, "resid_pdrop": 0.0,
+              "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+             ["c_attn", "c_proj", "c_fc"], TEXT_IN, "logits"),
+    "bert": ("BertModel", "BertConfig", "BertModel",
+             {**TEXT, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+             ["query", "key", "value", "dense"], TEXT_IN, "last_hidden_state"),
+    "t5": ("T5ForConditionalGeneration", "T5Config", "T5ForConditionalGeneration",
+           {**CASES["T5ForConditionalGeneration"][0], "dropout_rate": 0.0},
+           ["q", "k", "v", "o", "wi", "wo"], CASES["T5ForConditionalGeneration"][1], "logits"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+# peft 0.21 reads a property that transformers 5 deprecates; neither is ours.
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("family", list(PEFT_CASES))
+def test_dropout_one_in_training_mode_matches_peft(family: str, tmp_path: Any) -> None:
+    """PEFT in train mode with `lora_dropout=1.0` against treemod in training mode with the
+    same adapters (PEFT's file loaded): the base model's output, in both. The base models'
+    own dropouts are 0, so only the adapters' dropout is random."""
+    peft = pytest.importorskip("peft")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_name, config_name, tm_name, config, targets, inputs, field = PEFT_CASES[family]
+    torch.manual_seed(0)
+    hf_config = getattr(transformers, config_name).from_dict(
+        {**config, "attn_implementation": "eager"}
+    )
+    hf = getattr(transformers, hf_name)(hf_config).eval()
+    cls = tmm.registered_architectures()[tm_name]
+    model = tm.filter_eval_shape(lambda: cls.from_config(config, key=jax.random.key(0)))
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    for alias in model.tied_weights():
+        state.pop(alias, None)
+    model = tm.load_state_dict(model, state)
+    torch_inputs = {k: torch.from_numpy(np.asarray(v, np.int64)) for k, v in inputs.items()}
+
+    def hf_out(m: Any) -> np.ndarray:
+        with torch.no_grad():
+            return getattr(m(**torch_inputs), field).numpy()
+
+    base_out = hf_out(hf)
+    fan = {"fan_in_fan_out": True} if family == "gpt2" else {}
+    config_ = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=1.0, **fan)
+    reference = peft.get_peft_model(hf, config_)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    reference.save_pretrained(tmp_path)
+    reference.train()
+    want = hf_out(reference)
+    reference.eval()
+    adapted = hf_out(reference)
+    # The adapters change the output (B is random), so equal outputs below test the dropout.
+    assert np.max(np.abs(adapted - base_out)) > 1e-2 * np.max(np.abs(base_out))
+    tuned = lora.load_adapter(model, tmp_path)
+    got_eval = tm.filter_jit(lambda m: m(**inputs))(tuned)
+    np.testing.assert_allclose(got_eval, adapted, rtol=1e-4, atol=1e-4)
+    training = tm.nn.inference_mode(tuned, False)
+    got = tm.filter_jit(lambda m, k: m(**inputs, key=k))(training, jax.random.key(3))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(want, base_out, rtol=1e-5, atol=1e-5)
