@@ -127,6 +127,8 @@ def everything(checkpoint: str, folder: str) -> dict[str, Any]:
     out["save/bytes_written"] = sum(written)
     out["save/peak_traced"] = peak
     out["save/seconds"] = time.perf_counter() - started - out["load/seconds"]
+    # Several weight files and an index, each file written by both processes.
+    _save_pretrained(model, os.path.join(folder, "files"), max_shard_size="300KB")
 
     out.update(_orbax_save(model, folder))
     out["seconds"] = time.perf_counter() - started

@@ -97,6 +97,13 @@ def test_save_pretrained_across_processes_equals_the_one_device_file(
     total = int(run[0]["model_bytes"])
     for result in run:
         assert int(result["save/peak_traced"]) < 0.25 * total, int(result["save/peak_traced"])
+    # With max_shard_size: the same weight files and index as one device writes.
+    save_pretrained(from_pretrained(directory), tmp_path / "files", max_shard_size="300KB")
+    names = sorted(p.name for p in (folder / "files").iterdir())
+    assert len(names) > 5 and "model.safetensors.index.json" in names
+    assert names == sorted(p.name for p in (tmp_path / "files").iterdir())
+    for name in names:
+        assert (folder / "files" / name).read_bytes() == (tmp_path / "files" / name).read_bytes()
     # transformers loads the file and computes the original model's logits.
     reloaded = transformers.LlamaForCausalLM.from_pretrained(folder / "sharded").eval()
     with torch.no_grad():
