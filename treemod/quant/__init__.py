@@ -6,7 +6,16 @@
 (QLoRA).
 """
 
+from treemod.quant._gptq import GPTQLinear
 from treemod.quant._layers import Int4Linear, Int8Linear, NF4Linear, QuantLinear
 from treemod.quant._quantise import dequantise, quantise
 
-__all__ = ["Int4Linear", "Int8Linear", "NF4Linear", "QuantLinear", "dequantise", "quantise"]
+__all__ = [
+    "GPTQLinear",
+    "Int4Linear",
+    "Int8Linear",
+    "NF4Linear",
+    "QuantLinear",
+    "dequantise",
+    "quantise",
+]

@@ -21,6 +21,7 @@ from treemod._saving.errors import CheckpointError
 from treemod.lora._select import rewrite_named
 from treemod.nn import Linear
 
+from ._gptq import gptq_config, gptq_layers, gptq_skeleton_layer
 from ._hub_bitsandbytes import (
     bnb_config,
     bnb_layers,
@@ -33,7 +34,10 @@ from ._layers import Int8Linear, NF4Linear, QuantLinear
 __all__ = ["hub_loader", "hub_save", "quantised_layers"]
 
 C = TypeVar("C")
-SUPPORTED = "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit)"
+SUPPORTED = (
+    "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit) and 'gptq' "
+    "(bits=4, checkpoint_format='gptq')"
+)
 
 
 class _WithValues:
@@ -68,6 +72,8 @@ def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any],
             and what is read.
     """
     method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
+    if method == "gptq":
+        return _gptq_loader(qconfig, checkpoint, where)
     if method != "bitsandbytes":
         raise CheckpointError(
             f"{where}: quantization_config.quant_method={method!r} is not read; treemod reads "
@@ -89,29 +95,57 @@ def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any],
     view.__dict__.update(vars(checkpoint), tensors=renamed, hub_values=values)
 
     def convert(model: Any) -> Any:
-        found: set[str] = set()
-
-        def visit(node: Any, name: str) -> Any:
-            if name not in layers or not isinstance(node, Module):
-                return None
-            if not isinstance(node, Linear):
-                raise CheckpointError(
-                    f"{where}: the weights hold {name} quantised, but the model's {name} is a "
-                    f"{type(node).__name__}, not a Linear."
-                )
-            found.add(name)
+        def make(node: Any, name: str) -> Any:
             return bnb_skeleton_layer(node, layers[name], where)
 
-        new = rewrite_named(model, visit, caller="from_pretrained")
-        if len(found) < len(layers):
-            lost = sorted(set(layers) - found)
-            raise CheckpointError(
-                f"{where}: the weights hold quantised layers the model does not have "
-                f"({', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''})."
-            )
-        return new
+        return _replace_layers(model, set(layers), make, where)
 
     return convert, view
+
+
+def _replace_layers(
+    model: Any, names: set[str], make: Callable[[Any, str], Any], where: str
+) -> Any:
+    """`model` with the `Linear` at each of `names` replaced by `make(linear, name)`."""
+    found: set[str] = set()
+
+    def visit(node: Any, name: str) -> Any:
+        if name not in names or not isinstance(node, Module):
+            return None
+        if not isinstance(node, Linear):
+            raise CheckpointError(
+                f"{where}: the weights hold {name} quantised, but the model's {name} is a "
+                f"{type(node).__name__}, not a Linear."
+            )
+        found.add(name)
+        return make(node, name)
+
+    new = rewrite_named(model, visit, caller="from_pretrained")
+    if len(found) < len(names):
+        lost = sorted(names - found)
+        raise CheckpointError(
+            f"{where}: the weights hold quantised layers the model does not have "
+            f"({', '.join(lost[:4])}{' ...' if len(lost) > 4 else ''})."
+        )
+    return new
+
+
+def _gptq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any], Any], C]:
+    """`hub_loader` for GPTQ: the layers' fields are the file's names, so no view is needed."""
+    gptq_config(qconfig, where)
+    layers = gptq_layers(checkpoint.tensors)  # type: ignore[attr-defined]
+    if not layers:
+        raise CheckpointError(
+            f"{where}: quantization_config says gptq but the weights hold no qweight tensor."
+        )
+
+    def convert(model: Any) -> Any:
+        def make(node: Any, name: str) -> Any:
+            return gptq_skeleton_layer(node, name, layers[name], where)
+
+        return _replace_layers(model, set(layers), make, where)
+
+    return convert, checkpoint
 
 
 def quantised_layers(model: Any) -> dict[str, QuantLinear]:
@@ -163,7 +197,8 @@ def hub_save(
         return dict(named), None, set(named)
     kinds = {type(layer).__name__ for layer in layers.values()}
     if not kinds <= {"NF4Linear", "Int8Linear"} or len(kinds) > 1:
-        first = next(n for n, v in layers.items() if not isinstance(v, NF4Linear | Int8Linear))
+        other = (n for n, v in layers.items() if not isinstance(v, NF4Linear | Int8Linear))
+        first = next(other, next(iter(layers)))
         raise ValueError(
             f"save_pretrained: the model holds {' and '.join(sorted(kinds))} layers (e.g. "
             f"{first!r}); transformers' bitsandbytes format holds one of NF4 and int8. "
