@@ -71,10 +71,11 @@ def test_sharded_file_is_byte_identical_to_the_whole_arrays_file(tmp_path: Path,
         "b": rng.integers(0, 9, (4, 8)).astype(np.int32),
         "s": np.float32(3.0),
         "bf": jnp.asarray(rng.standard_normal((8, 8)), jnp.bfloat16),
+        "t3": rng.standard_normal((4, 8, 8)).astype(np.float32),
     }
+    specs = {2: spec, 3: P(None, *spec), 0: P()}  # a stacked array: its last two axes split
     placed = [
-        (n, jax.device_put(v, NamedSharding(mesh, spec if np.ndim(v) == 2 else P())))
-        for n, v in whole.items()
+        (n, jax.device_put(v, NamedSharding(mesh, specs[np.ndim(v)]))) for n, v in whole.items()
     ]
     written = write_tensors_sharded(tmp_path / "s.safetensors", placed, {"format": "pt"}, "t")
     write_tensors(tmp_path / "w.safetensors", list(whole.items()), {"format": "pt"}, "t")
