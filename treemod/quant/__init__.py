@@ -6,6 +6,7 @@
 (QLoRA).
 """
 
+from treemod.quant._compressed_tensors import PackedLinear
 from treemod.quant._gptq import GPTQLinear
 from treemod.quant._layers import Int4Linear, Int8Linear, NF4Linear, QuantLinear
 from treemod.quant._quantise import dequantise, quantise
@@ -15,6 +16,7 @@ __all__ = [
     "Int4Linear",
     "Int8Linear",
     "NF4Linear",
+    "PackedLinear",
     "QuantLinear",
     "dequantise",
     "quantise",

@@ -21,6 +21,7 @@ from treemod._saving.errors import CheckpointError
 from treemod.lora._select import rewrite_named
 from treemod.nn import Linear
 
+from ._compressed_tensors import packed_config, packed_layers, packed_skeleton_layer
 from ._gptq import gptq_config, gptq_layers, gptq_skeleton_layer
 from ._hub_bitsandbytes import (
     bnb_config,
@@ -36,7 +37,8 @@ __all__ = ["hub_loader", "hub_save", "quantised_layers"]
 C = TypeVar("C")
 SUPPORTED = (
     "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit) and 'gptq' "
-    "(bits=4, checkpoint_format='gptq')"
+    "(bits=4, checkpoint_format='gptq') and 'compressed-tensors' (format='pack-quantized', int4 "
+    "or int8 weights)"
 )
 
 
@@ -74,6 +76,8 @@ def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any],
     method = qconfig.get("quant_method") if isinstance(qconfig, dict) else None
     if method == "gptq":
         return _gptq_loader(qconfig, checkpoint, where)
+    if method == "compressed-tensors":
+        return _packed_loader(qconfig, checkpoint, where)
     if method != "bitsandbytes":
         raise CheckpointError(
             f"{where}: quantization_config.quant_method={method!r} is not read; treemod reads "
@@ -142,6 +146,27 @@ def _gptq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any
     def convert(model: Any) -> Any:
         def make(node: Any, name: str) -> Any:
             return gptq_skeleton_layer(node, name, layers[name], where)
+
+        return _replace_layers(model, set(layers), make, where)
+
+    return convert, checkpoint
+
+
+def _packed_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any], Any], C]:
+    """`hub_loader` for compressed-tensors: the layers' fields are the file's names."""
+    options = packed_config(qconfig, where)
+    tensors = checkpoint.tensors  # type: ignore[attr-defined]
+    layers = packed_layers(tensors)
+    if not layers:
+        raise CheckpointError(
+            f"{where}: quantization_config says compressed-tensors but the weights hold no "
+            "weight_packed tensor."
+        )
+
+    def convert(model: Any) -> Any:
+        def make(node: Any, name: str) -> Any:
+            dtype = tensors[f"{name}.weight_scale"].dtype
+            return packed_skeleton_layer(node, name, options, layers[name], dtype, where)
 
         return _replace_layers(model, set(layers), make, where)
 
