@@ -111,6 +111,17 @@ def test_save_pretrained_across_processes_equals_the_one_device_file(
     np.testing.assert_array_equal(logits, hf_logits)
 
 
+def test_processes_given_different_paths_are_told_and_leave_no_file(
+    run: Results, folder: Path
+) -> None:
+    for i, result in enumerate(run):
+        message = str(result["paths/error"])
+        assert message.startswith("save_pretrained: the processes were given different paths")
+        assert f"{str(folder / f'own-{i}.safetensors')!r} on process {i}" in message
+        assert "every process calls save_pretrained with the same path" in message
+        assert not bool(result["paths/left"])
+
+
 def _target(tree: Any, mesh: Any, rules: Any) -> Any:
     shardings = tm.model_shardings(tree, mesh, rules)
     return jax.tree.map(

@@ -241,7 +241,16 @@ def write_tensors_sharded(
             f.write(head)
             f.truncate(size)
     if collective:
-        sync_processes(f"{caller}: {os.fspath(path)} sized")
+        try:
+            sync_processes(f"{caller}: {os.fspath(path)} sized")
+        except AssertionError:  # every process gets it: the barrier compares the names
+            if leader:
+                os.unlink(path)
+            raise ValueError(
+                f"{caller}: the processes were given different paths ({os.fspath(path)!r} on "
+                f"process {jax.process_index()}); the model's arrays span processes, so every "
+                f"process calls {caller} with the same path, on a disk all of them see."
+            ) from None
     written = 0
     fd = os.open(path, os.O_RDWR)  # read too: a shared mapping needs it
     try:
