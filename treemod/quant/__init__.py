@@ -6,12 +6,14 @@
 (QLoRA).
 """
 
+from treemod.quant._awq import AWQLinear
 from treemod.quant._compressed_tensors import PackedLinear
 from treemod.quant._gptq import GPTQLinear
 from treemod.quant._layers import Int4Linear, Int8Linear, NF4Linear, QuantLinear
 from treemod.quant._quantise import dequantise, quantise
 
 __all__ = [
+    "AWQLinear",
     "GPTQLinear",
     "Int4Linear",
     "Int8Linear",

@@ -21,6 +21,7 @@ from treemod._saving.errors import CheckpointError
 from treemod.lora._select import rewrite_named
 from treemod.nn import Linear
 
+from ._awq import awq_config, awq_layers, awq_skeleton_layer
 from ._compressed_tensors import packed_config, packed_layers, packed_skeleton_layer
 from ._gptq import gptq_config, gptq_layers, gptq_skeleton_layer
 from ._hub_bitsandbytes import (
@@ -38,7 +39,7 @@ C = TypeVar("C")
 SUPPORTED = (
     "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit) and 'gptq' "
     "(bits=4, checkpoint_format='gptq') and 'compressed-tensors' (format='pack-quantized', int4 "
-    "or int8 weights)"
+    "or int8 weights) and 'awq' (bits=4, version='gemm')"
 )
 
 
@@ -78,6 +79,8 @@ def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any],
         return _gptq_loader(qconfig, checkpoint, where)
     if method == "compressed-tensors":
         return _packed_loader(qconfig, checkpoint, where)
+    if method == "awq":
+        return _awq_loader(qconfig, checkpoint, where)
     if method != "bitsandbytes":
         raise CheckpointError(
             f"{where}: quantization_config.quant_method={method!r} is not read; treemod reads "
@@ -146,6 +149,24 @@ def _gptq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any
     def convert(model: Any) -> Any:
         def make(node: Any, name: str) -> Any:
             return gptq_skeleton_layer(node, name, layers[name], where)
+
+        return _replace_layers(model, set(layers), make, where)
+
+    return convert, checkpoint
+
+
+def _awq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any], Any], C]:
+    """`hub_loader` for AWQ: the layers' fields are the file's names."""
+    group = awq_config(qconfig, where)
+    layers = awq_layers(checkpoint.tensors)  # type: ignore[attr-defined]
+    if not layers:
+        raise CheckpointError(
+            f"{where}: quantization_config says awq but the weights hold no qweight tensor."
+        )
+
+    def convert(model: Any) -> Any:
+        def make(node: Any, name: str) -> Any:
+            return awq_skeleton_layer(node, name, group, where)
 
         return _replace_layers(model, set(layers), make, where)
 
