@@ -92,7 +92,9 @@ def from_pretrained(
     `architectures[0]` (see `registered_architectures()`). Tensors are read one at a time with
     the `safetensors` library (PyTorch is not needed), so memory peaks near the checkpoint's
     size. Tied weights (`model.tied_weights()`) load as one array: a tied name in the file
-    must equal the tensor it is tied to.
+    must equal the tensor it is tied to. A `config.json` with a `quantization_config`
+    (bitsandbytes NF4 or int8, GPTQ, AWQ, compressed-tensors `pack-quantized`) loads into
+    `treemod.quant`'s layers holding the stored packed arrays as they are.
 
     Arguments:
         path: the checkpoint directory.
