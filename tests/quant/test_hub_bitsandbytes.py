@@ -206,7 +206,8 @@ def test_unsupported_methods_and_options_are_refused_by_name(
     hub: dict[str, Path], tmp_path: Path
 ) -> None:
     for i, (change, words) in enumerate([
-        ({"quant_method": "awq"}, ["quant_method='awq'", "'bitsandbytes'", "'gptq'"]),
+        ({"quant_method": "hqq"}, ["quant_method='hqq'", "'bitsandbytes'", "'gptq'", "'awq'",
+                                    "'compressed-tensors'"]),
         ({"bnb_4bit_quant_type": "fp4"}, ["bnb_4bit_quant_type='fp4'", "'nf4'"]),
         ({"bnb_4bit_quant_storage": "bfloat16"}, ["bnb_4bit_quant_storage='bfloat16'"]),
         ({"load_in_8bit": True}, ["load_in_4bit=True and load_in_8bit=True"]),
