@@ -264,7 +264,7 @@ class LlamaModel(PretrainedModel):
         owner = type(self).__name__
         ids, mask, positions = token_inputs(owner, input_ids, attention_mask, position_ids)
         seq = ids.shape[1]
-        pos = positions if positions is not None else jnp.arange(seq)[None]
+        pos = positions if positions is not None else jax.lax.iota(jnp.int32, seq)[None]
         # transformers reads packed sequences from explicit positions only without a cache,
         # which its forward makes whenever the config's use_cache is on (the default).
         packed = positions if self.packed_sequences else None

@@ -104,7 +104,7 @@ class MixtralExperts(Module):
             out = jnp.einsum(
                 "eti,ehi->eth", act(gate_up[..., :half]) * gate_up[..., half:], self.down_proj
             )
-            rows = jnp.arange(x.shape[0])[:, None]
+            rows = jax.lax.iota(jnp.int32, x.shape[0])[:, None]
             share = jnp.zeros((x.shape[0], experts), jnp.float32).at[rows, index].set(weights)
             # transformers weights in float32 and adds each expert's share in the model's dtype.
             out = (out.astype(jnp.float32) * jnp.swapaxes(share, 0, 1)[..., None]).astype(x.dtype)

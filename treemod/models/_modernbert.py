@@ -298,7 +298,11 @@ class ModernBertModel(PretrainedModel):
                     f"{name}: attention_mask has shape {mask.shape}; expected (batch, sequence)"
                     f" = {(batch, seq)}, with 1 for the tokens to attend to and 0 for padding."
                 )
-        positions = jnp.arange(seq)[None] if position_ids is None else jnp.asarray(position_ids)
+        positions = (
+            jax.lax.iota(jnp.int32, seq)[None]
+            if position_ids is None
+            else jnp.asarray(position_ids)
+        )
         if positions.ndim != 2 or positions.shape[1] != seq:
             raise ValueError(
                 f"{name}: position_ids has shape {positions.shape}; expected (batch, {seq}) or "

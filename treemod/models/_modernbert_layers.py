@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
-from jax import Array
+from jax import Array, lax
 from jaxtyping import PRNGKeyArray
 
 import treemod.nn as nn
@@ -154,7 +154,7 @@ def window_masks(
     Global layers see every real key; local ones those within `half_window` positions either
     side (`create_bidirectional_sliding_window_mask`: `|q - k| <= local_attention // 2`).
     """
-    index = jnp.arange(seq)
+    index = lax.iota(jnp.int32, seq)
     near = (jnp.abs(index[:, None] - index[None, :]) <= half_window)[None, None]
     if attention_mask is None:
         return {False: None, True: near}

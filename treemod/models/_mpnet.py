@@ -167,7 +167,7 @@ class MPNetEncoder(Module):
         s = x.shape[1]
         # From distance 128 on every distance shares its direction's last bucket: a table over
         # -128..128 serves any length (a symbolic one under jax.export).
-        index = jnp.arange(s)
+        index = jax.lax.iota(jnp.int32, s)
         relative = jnp.clip(index[None, :] - index[:, None], -_SPAN, _SPAN)
         buckets = jnp.asarray(relative_position_bucket(np.arange(-_SPAN, _SPAN + 1)))
         bias = self.relative_attention_bias(buckets[relative + _SPAN])  # (seq, seq, heads)

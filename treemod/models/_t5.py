@@ -152,7 +152,9 @@ class _T5Base(PretrainedModel):
     def _encode(self, input_ids: Any, attention_mask: Any, key: PRNGKeyArray | None) -> Encoded:
         ids, mask, _ = token_inputs(type(self).__name__, input_ids, attention_mask, None)
         seq = ids.shape[1]
-        hidden, _ = self.encoder(self.shared(ids), _encoder_mask(mask), jnp.arange(seq), key=key)
+        hidden, _ = self.encoder(
+            self.shared(ids), _encoder_mask(mask), jax.lax.iota(jnp.int32, seq), key=key
+        )
         return Encoded(hidden, mask)
 
 
@@ -174,7 +176,7 @@ class _T5EncoderDecoder(_T5Base):
         hidden, _ = self.decoder(
             self.shared(ids),
             causal_mask(seq, mask),
-            jnp.arange(seq),
+            jax.lax.iota(jnp.int32, seq),
             cross_mask=_encoder_mask(encoded.mask),
             states=encoded.hidden,
             key=key,

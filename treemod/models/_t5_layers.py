@@ -103,7 +103,7 @@ class T5Attention(Module):
         # over -max_distance..max_distance serves any length (a symbolic one under jax.export).
         span = self.max_distance
         table = bucket_table(span, self.bidirectional, self.num_buckets, self.max_distance)
-        relative = jnp.clip(jnp.arange(keys)[None, :] - queries[:, None], -span, span)
+        relative = jnp.clip(jax.lax.iota(jnp.int32, keys)[None, :] - queries[:, None], -span, span)
         values = self.relative_attention_bias.weight[table[relative + span]]
         return jnp.transpose(values, (2, 0, 1))[None]
 
