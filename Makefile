@@ -62,10 +62,12 @@ typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
 # --dist loadfile: each test file runs on one worker, so its module-scoped fixtures (a mkdocs
-# build, the multi-process runs) are computed once. --max-worker-restart=0: a worker that dies
-# (a segfault, or pyproject's faulthandler_timeout) ends the run with the test named; replacing
-# it makes pytest-xdist 3.8's loadfile scheduler wait forever (pytest-xdist issues 784, 1378).
-PYTEST_ARGS := -n 2 --dist loadfile --max-worker-restart=0 tests benchmarks/tests treemod
+# build, the multi-process runs) are computed once. --no-loadscope-reorder: the files in the
+# order conftest.py gives, those with heavy or slow tests first (xdist's own order, most tests
+# first, left a few long files to the end for one worker). --max-worker-restart=0: a worker
+# that dies (a segfault, or pyproject's faulthandler_timeout) ends the run with the test named;
+# replacing it makes pytest-xdist 3.8's loadfile scheduler wait forever (xdist issues 784, 1378).
+PYTEST_ARGS := -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 tests benchmarks/tests treemod
 FAST := -m "not heavy and not slow"
 
 # The whole suite on the newest end (deprecation warnings raised from treemod's code are errors:
@@ -74,7 +76,11 @@ pytest: $(VENV)/.dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The oldest end: the suite without the tests that start processes or tools or compile several
-# libraries' models (those test tools and references, not the JAX version).
+# libraries' models (those test tools and references, not the JAX version). The rule
+# (DEVELOPERS.md, "What the oldest end runs"): every test whose outcome can change with the JAX
+# version runs here; a file whose subject is a zoo family's agreement with transformers or
+# torchvision is `slow`, its layers, transforms and loading code being tested here by their own
+# files.
 test-oldest: $(VENV_OLDEST)/.dev
 	$(BIN_OLDEST)/python -m pytest $(PYTEST_ARGS) $(FAST)
 

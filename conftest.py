@@ -1,4 +1,5 @@
-"""Apply the test suite's JAX settings (tests/conftest.py) to the doctests in `treemod/` too.
+"""Apply the test suite's JAX settings (tests/conftest.py) to the doctests in `treemod/` too, and
+order the files so the long ones start first (`longest_files_first`).
 
 One doctest runs elsewhere: `breakpoint_if`'s example traces `jax.debug.breakpoint`, which
 flattens the locals of every frame on the tracing stack; inside a pytest-xdist worker that stack
@@ -19,3 +20,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
+    items[:] = longest_files_first(items)
+
+
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items of files holding `heavy` or `slow` tests first, the rest after, each file's
+    items together and in their order.
+
+    With `--dist loadfile --no-loadscope-reorder` (the Makefile) the workers take whole files in
+    this order. pytest-xdist's own order, most tests first, left the files with a few long
+    tests (a mkdocs build, multi-process runs, a zoo family's cross-library checks) to the end,
+    where one worker ran them while the other had nothing left.
+
+    Arguments:
+        items: the collected items, each file's together.
+
+    Returns:
+        The same items, the files with long tests first.
+    """
+    long_files = {
+        item.path
+        for item in items
+        if item.get_closest_marker("heavy") or item.get_closest_marker("slow")
+    }
+    return sorted(items, key=lambda item: item.path not in long_files)

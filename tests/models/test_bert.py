@@ -32,6 +32,11 @@ from treemod.models import (
 )
 from treemod.models.bert import BertForTokenClassification
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 CLASSES = {
     "BertModel": (BertModel, transformers.BertModel),
     "BertForMaskedLM": (BertForMaskedLM, transformers.BertForMaskedLM),

@@ -19,6 +19,11 @@ import treemod as tm
 from treemod.models._hf_activations import ACTIVATIONS
 from treemod.models.gpt2 import GPT2LMHeadModel, GPT2Model
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 BASE = {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 100, "n_positions": 32}
 HF = {GPT2Model: transformers.GPT2Model, GPT2LMHeadModel: transformers.GPT2LMHeadModel}
 

@@ -24,6 +24,11 @@ from treemod.models.llama_variants import (
     Qwen2Model,
 )
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 BASE = {
     "vocab_size": 100,
     "hidden_size": 32,

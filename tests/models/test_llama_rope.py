@@ -17,6 +17,11 @@ from lm_reference import RTOL, hf_output, padded_batch, pair, relative_error, ru
 
 from treemod.models.llama import LlamaForCausalLM
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 BASE = {
     "vocab_size": 100,
     "hidden_size": 32,

@@ -22,6 +22,11 @@ import transformers
 import treemod as tm
 from treemod.models import from_pretrained, save_pretrained
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 LM = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
 LM_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
 BERT = {

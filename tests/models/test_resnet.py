@@ -44,10 +44,17 @@ ACTS = sorted(set(transformers.activations.ACT2CLS) - {"prelu", "xielu"})
 # Inside a trace every convolution runs through one nested `filter_jit` of `Conv._flat`, shared
 # by all Conv layers of the session; the many ResNet shapes of these tests pass its 64-version
 # warning, which reports that cache (treemod/nn/_batching.py), not a retrace of these models.
-pytestmark = pytest.mark.filterwarnings(
-    r"ignore:filter_jit\(\w+\._flat\) has now compiled"
-    ":treemod._transforms.jit_cache.RecompileWarning"
-)
+#
+# Agreement with the reference library's own implementation: `slow`, run on the newest end only
+# (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and loading code it goes
+# through are tested on both ends by their own files.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(
+        r"ignore:filter_jit\(\w+\._flat\) has now compiled"
+        ":treemod._transforms.jit_cache.RecompileWarning"
+    ),
+]
 
 
 def _relative_error(got: Any, ref: torch.Tensor) -> float:

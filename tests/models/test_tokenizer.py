@@ -22,6 +22,11 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 import treemod as tm
 from treemod.models import Tokenizer, generate_text
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant'] %}"

@@ -25,6 +25,11 @@ from safetensors.numpy import load_file
 import treemod as tm
 from treemod.models import ViTForImageClassification, ViTModel, from_pretrained, save_pretrained
 
+# A zoo family's agreement with the reference library's own implementation: `slow`, run on the
+# newest end only (DEVELOPERS.md, "What the oldest end runs"); the layers, transforms and
+# loading code it goes through are tested on both ends by their own files.
+pytestmark = pytest.mark.slow
+
 CLASSES = {
     "ViTModel": (ViTModel, transformers.ViTModel),
     "ViTForImageClassification": (
