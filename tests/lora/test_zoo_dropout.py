@@ -171,7 +171,12 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     "CLIPModel": (
         {"text_config": CLIP_TEXT, "vision_config": CLIP_VISION, "projection_dim": 8},
-        {"input_ids": IDS, "pixel_values": PIXELS},
+        # CLIP pools at the end-of-text token: the last one here (at the first token, which
+        # attends only to itself, the queries would get no gradient).
+        {
+            "input_ids": np.concatenate([IDS[:, :-1], np.full((2, 1), 63, np.int32)], 1),
+            "pixel_values": PIXELS,
+        },
     ),
     "SiglipModel": (
         {"text_config": CLIP_TEXT, "vision_config": CLIP_VISION},

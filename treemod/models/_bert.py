@@ -49,6 +49,7 @@ __all__ = [
     "BertForMaskedLM",
     "BertForSequenceClassification",
     "BertForTokenClassification",
+    "encoder_inputs",
 ]
 
 BERT_VALUES: dict[str, Value] = {
@@ -213,7 +214,7 @@ class BertModel(PretrainedModel):
         config = PretrainedConfig(config)
         return cls.build(config, cls.read(cls.__name__, config), key, dtype, add_pooling_layer)
 
-    def __call__(
+    def hidden_states(
         self,
         *,
         input_ids: Any = None,
@@ -223,7 +224,8 @@ class BertModel(PretrainedModel):
         inputs_embeds: Any = None,
         key: PRNGKeyArray | None = None,
     ) -> Array:
-        """The last layer's hidden states `(batch, seq, hidden)` (`last_hidden_state`).
+        """The last layer's hidden states `(batch, seq, hidden)` (`last_hidden_state`); the
+        model's call (the heads call it on their body).
 
         Arguments:
             input_ids: token ids `(batch, seq)`; or give `inputs_embeds` instead.
@@ -237,50 +239,51 @@ class BertModel(PretrainedModel):
         Returns:
             `last_hidden_state`, `(batch, seq, hidden)`.
         """
-        return self.hidden_states(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            key=key,
-        )
-
-    def hidden_states(
-        self,
-        *,
-        input_ids: Any = None,
-        attention_mask: Any = None,
-        token_type_ids: Any = None,
-        position_ids: Any = None,
-        inputs_embeds: Any = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """`last_hidden_state`; the arguments are `__call__`'s."""
         name = type(self).__name__
         k_emb, k_enc = split_key(key, 2)
-        emb = self.embeddings
-        words, ids = embed_inputs(name, input_ids, inputs_embeds, emb.word_embeddings)
-        shape = (words.shape[0], words.shape[1])
+        pad = type(self).position_padding_idx(self.config)
+        words, shape, positions = encoder_inputs(self, input_ids, inputs_embeds, position_ids, pad)
         token_type_ids = check_ids(name, "token_type_ids", token_type_ids, shape)
-        position_ids = check_ids(name, "position_ids", position_ids, None)
-        if position_ids is None:
-            position_ids = self.default_positions(ids, shape)
         if token_type_ids is None:
             token_type_ids = jnp.zeros(shape, jnp.int32)
-        x = emb(words, token_type_ids, position_ids, key=k_emb)
+        x = self.embeddings(words, token_type_ids, positions, key=k_emb)
         bias = attention_bias(attention_mask, shape, x.dtype)
         return self.encoder(x, bias, key=k_enc)
 
-    def default_positions(self, ids: Array | None, shape: tuple[int, int]) -> Array:
-        """`transformers`' positions when none are given: `0..seq-1`, or RoBERTa's."""
-        pad = type(self).position_padding_idx(self.config)
-        limit = self.embeddings.position_embeddings.weight.shape[0]
-        last = shape[1] - 1 if pad is None else shape[1] + pad
-        check_positions(type(self).__name__, shape[1], last, limit)
+    # The call is `hidden_states` itself (one definition, the heads call it by that name).
+    __call__ = hidden_states
+
+
+def encoder_inputs(
+    model: Any, input_ids: Any, inputs_embeds: Any, position_ids: Any, pad: int | None
+) -> tuple[Array, tuple[int, int], Array]:
+    """What BERT, DistilBERT, MPNet and RoBERTa do first with their inputs.
+
+    Arguments:
+        model: the encoder; `model.embeddings` holds `word_embeddings` and
+            `position_embeddings`.
+        input_ids: token ids `(batch, seq)`, or `None` with `inputs_embeds`.
+        inputs_embeds: word embeddings `(batch, seq, hidden)`, or `None`.
+        position_ids: `None`, or positions `(batch, seq)` / `(1, seq)` (checked).
+        pad: `None` for the default positions `0..seq-1`; else the padding index from which
+            real tokens count (RoBERTa's and MPNet's `create_position_ids_from_input_ids`).
+
+    Returns:
+        `(words, (batch, seq), positions)`: the word embeddings and the positions.
+    """
+    name = type(model).__name__
+    emb = model.embeddings
+    words, ids = embed_inputs(name, input_ids, inputs_embeds, emb.word_embeddings)
+    shape = (words.shape[0], words.shape[1])
+    positions = check_ids(name, "position_ids", position_ids, None)
+    if positions is None:
+        limit = emb.position_embeddings.weight.shape[0]
+        check_positions(name, shape[1], shape[1] - 1 if pad is None else shape[1] + pad, limit)
         if pad is None:
-            return jax.lax.iota(jnp.int32, shape[1])[None, :]  # jax2onnx: not jnp.arange
-        return padded_positions(ids, shape, pad)
+            positions = jax.lax.iota(jnp.int32, shape[1])[None, :]  # jax2onnx: not jnp.arange
+        else:
+            positions = padded_positions(ids, shape, pad)
+    return words, shape, positions
 
 
 @register_architecture

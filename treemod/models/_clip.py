@@ -32,7 +32,7 @@ from ._base import PretrainedConfig, PretrainedModel, config_error, register_arc
 from ._clip_layers import (
     CLIPEncoder,
     CLIPTextEmbeddings,
-    check_pixels,
+    VisionTower,
     encoder,
     param_dtype,
     patch_positions,
@@ -215,7 +215,7 @@ class CLIPTextModel(PretrainedModel):
 
 
 @register_architecture
-class CLIPVisionModel(PretrainedModel):
+class CLIPVisionModel(VisionTower):
     """CLIP's vision tower (`transformers.CLIPVisionModel`): returns `last_hidden_state`.
 
     Call it with `pixel_values` `(batch, num_channels, image_size, image_size)`, or other sizes
@@ -233,6 +233,7 @@ class CLIPVisionModel(PretrainedModel):
     """
 
     architecture = "CLIPVisionModel"
+    vision_values = VISION_VALUES
     model_type = "clip_vision_model"
     keys_to_ignore_on_load_unexpected = IGNORED
 
@@ -274,28 +275,8 @@ class CLIPVisionModel(PretrainedModel):
 
         return cls(config, embeddings, norm(), encoder(c, dtype, ks[3]), norm())
 
-    def __call__(
-        self,
-        *,
-        pixel_values: Any,
-        interpolate_pos_encoding: bool | None = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """`last_hidden_state` `(batch, 1 + patches, hidden)` (before `post_layernorm`).
-
-        Arguments:
-            pixel_values: `(batch, num_channels, image_size, image_size)`.
-            interpolate_pos_encoding: `True` for other image sizes (the position embeddings
-                resized as `transformers` resizes them, with PyTorch's bicubic kernel).
-            key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
-
-        Returns:
-            `last_hidden_state`.
-        """
-        size = self.config.get("image_size", VISION_VALUES["image_size"].default)
-        conv = self.embeddings.patch_embedding
-        x = check_pixels(type(self).__name__, conv, size, pixel_values, interpolate_pos_encoding)
-        x = self.embeddings(type(self).__name__, x, key=projection_keys(key, 1)[0])
+    def encode(self, x: Array, *, key: PRNGKeyArray | None) -> Array:
+        """`pre_layrnorm`, then the layers (the call is `VisionTower`'s)."""
         return self.encoder(self.pre_layrnorm(x), None, key=key)
 
     def pooler_output(self, **inputs: Any) -> Array:

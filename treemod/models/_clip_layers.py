@@ -7,8 +7,9 @@ embed tokens and learned positions alike. `_clip.py` and `_siglip.py` hold the r
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +29,14 @@ from ._attention_parts import (
     unwrapped,
 )
 from ._axis_layouts import attention_in, attention_out, mlp_out, positions
-from ._base import PretrainedConfig, config_error
+from ._base import PretrainedConfig, PretrainedModel, config_error
 from ._config_values import Value, read_config
 from ._hf_activations import get_activation, hf_activation
 from ._vit_interpolate import resize_grid
 
 __all__ = [
     "CLIPEncoder",
+    "VisionTower",
     "check_pixels",
     "patch_positions",
     "param_dtype",
@@ -251,3 +253,42 @@ def patch_positions(owner: str, table: Array, patch: int, height: int, width: in
     if side * side != n:
         raise ValueError(f"{owner}: {n} position embeddings do not make a square grid to resize.")
     return resize_grid(table, grid)
+
+
+class VisionTower(PretrainedModel):
+    """The call of CLIP's and SigLIP's vision towers: the pixels checked against the config's
+    `image_size`, the patches embedded (`embeddings(owner, pixels, key=...)`), then the
+    family's `encode`. A tower declares `vision_values` (its config values, for the default
+    `image_size`) and the fields `embeddings`, and implements `encode`."""
+
+    vision_values: ClassVar[Mapping[str, Value]]
+
+    def __call__(
+        self,
+        *,
+        pixel_values: Any,
+        interpolate_pos_encoding: bool | None = None,
+        key: PRNGKeyArray | None = None,
+    ) -> Array:
+        """`last_hidden_state` `(batch, patches, hidden)` (CLIP: `1 + patches`, before
+        `post_layernorm`; SigLIP: after it).
+
+        Arguments:
+            pixel_values: `(batch, num_channels, image_size, image_size)`.
+            interpolate_pos_encoding: `True` for other image sizes (the position embeddings
+                resized as `transformers` resizes them, with PyTorch's bicubic kernel).
+            key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
+
+        Returns:
+            `last_hidden_state`.
+        """
+        owner = type(self).__name__
+        size = self.config.get("image_size", self.vision_values["image_size"].default)
+        embeddings = getattr(self, "embeddings")  # noqa: B009 (a subclass's field)
+        resize = interpolate_pos_encoding
+        x = check_pixels(owner, embeddings.patch_embedding, size, pixel_values, resize)
+        return self.encode(embeddings(owner, x, key=projection_keys(key, 1)[0]), key=key)
+
+    @abc.abstractmethod
+    def encode(self, x: Array, *, key: PRNGKeyArray | None) -> Array:
+        """The layers (and their norms) over the embedded patches `(batch, seq, hidden)`."""

@@ -28,14 +28,12 @@ from treemod._sharding.axes import axis_names
 from ._attention_parts import projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out, mlp_out, vocab_head
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
+from ._bert import encoder_inputs
 from ._bert_heads import EncoderWithHead, TokenClassification
 from ._bert_layers import (
     WordPositionEmbeddings,
     attend_encoder,
     attention_bias,
-    check_ids,
-    check_positions,
-    embed_inputs,
     vocab_logits,
 )
 from ._config_values import Value, read_config
@@ -262,7 +260,7 @@ class DistilBertModel(PretrainedModel):
         config = PretrainedConfig(config)
         return cls.build(config, cls.read(cls.__name__, config), key, dtype, False)
 
-    def __call__(
+    def hidden_states(
         self,
         *,
         input_ids: Any = None,
@@ -271,7 +269,8 @@ class DistilBertModel(PretrainedModel):
         inputs_embeds: Any = None,
         key: PRNGKeyArray | None = None,
     ) -> Array:
-        """The last layer's hidden states `(batch, seq, dim)` (`last_hidden_state`).
+        """The last layer's hidden states `(batch, seq, dim)` (`last_hidden_state`); the
+        model's call (the heads call it on their body).
 
         Arguments:
             input_ids: token ids `(batch, seq)`; or give `inputs_embeds` instead.
@@ -283,35 +282,12 @@ class DistilBertModel(PretrainedModel):
         Returns:
             `last_hidden_state`, `(batch, seq, dim)`.
         """
-        return self.hidden_states(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            key=key,
-        )
-
-    def hidden_states(
-        self,
-        *,
-        input_ids: Any = None,
-        attention_mask: Any = None,
-        position_ids: Any = None,
-        inputs_embeds: Any = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """`last_hidden_state`; the arguments are `__call__`'s."""
-        name = type(self).__name__
         k_emb, k_enc = split_key(key, 2)
-        words, _ = embed_inputs(name, input_ids, inputs_embeds, self.embeddings.word_embeddings)
-        shape = (words.shape[0], words.shape[1])
-        positions = check_ids(name, "position_ids", position_ids, None)
-        if positions is None:
-            limit = self.embeddings.position_embeddings.weight.shape[0]
-            check_positions(name, shape[1], shape[1] - 1, limit)
-            positions = jnp.arange(shape[1])[None, :]
+        words, shape, positions = encoder_inputs(self, input_ids, inputs_embeds, position_ids, None)
         x = self.embeddings(words, positions, key=k_emb)
         return self.transformer(x, attention_bias(attention_mask, shape, x.dtype), key=k_enc)
+
+    __call__ = hidden_states  # as BertModel's
 
 
 @axis_names({"bias": ("vocab",)})

@@ -31,6 +31,7 @@ from treemod._sharding.axes import axis_names
 from ._attention_parts import attend, projection_keys, split_key
 from ._axis_layouts import attention_in, attention_out
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
+from ._bert import encoder_inputs
 from ._bert_heads import EncoderWithHead, TokenClassification
 from ._bert_layers import (
     BertIntermediate,
@@ -40,11 +41,8 @@ from ._bert_layers import (
     LMHead,
     WordPositionEmbeddings,
     check_ids,
-    check_positions,
-    embed_inputs,
     make_classification_head,
     make_lm_head,
-    padded_positions,
 )
 from ._config_values import Value, read_config
 from ._hf_activations import hf_activation
@@ -316,7 +314,7 @@ class MPNetModel(PretrainedModel):
         config = PretrainedConfig(config)
         return cls.build(config, cls.read(cls.__name__, config), key, dtype, add_pooling_layer)
 
-    def __call__(
+    def hidden_states(
         self,
         *,
         input_ids: Any = None,
@@ -325,7 +323,8 @@ class MPNetModel(PretrainedModel):
         inputs_embeds: Any = None,
         key: PRNGKeyArray | None = None,
     ) -> Array:
-        """The last layer's hidden states `(batch, seq, hidden)` (`last_hidden_state`).
+        """The last layer's hidden states `(batch, seq, hidden)` (`last_hidden_state`); the
+        model's call (the heads call it on their body).
 
         Arguments:
             input_ids: token ids `(batch, seq)`; or give `inputs_embeds` instead.
@@ -337,33 +336,9 @@ class MPNetModel(PretrainedModel):
         Returns:
             `last_hidden_state`, `(batch, seq, hidden)`.
         """
-        return self.hidden_states(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            key=key,
-        )
-
-    def hidden_states(
-        self,
-        *,
-        input_ids: Any = None,
-        attention_mask: Any = None,
-        position_ids: Any = None,
-        inputs_embeds: Any = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """`last_hidden_state`; the arguments are `__call__`'s."""
         name = type(self).__name__
         k_emb, k_enc = split_key(key, 2)
-        words, ids = embed_inputs(name, input_ids, inputs_embeds, self.embeddings.word_embeddings)
-        shape = (words.shape[0], words.shape[1])
-        positions = check_ids(name, "position_ids", position_ids, None)
-        if positions is None:
-            limit = self.embeddings.position_embeddings.weight.shape[0]
-            check_positions(name, shape[1], shape[1] + _PAD, limit)
-            positions = padded_positions(ids, shape, _PAD)
+        words, shape, positions = encoder_inputs(self, input_ids, inputs_embeds, position_ids, _PAD)
         x = self.embeddings(words, positions, key=k_emb)
         mask = None
         if attention_mask is not None:
@@ -371,6 +346,8 @@ class MPNetModel(PretrainedModel):
             assert mask is not None
             mask = mask.astype(bool)[:, None, None, :]
         return self.encoder(x, mask, key=k_enc)
+
+    __call__ = hidden_states  # as BertModel's
 
 
 class _MPNetHeads(EncoderWithHead):

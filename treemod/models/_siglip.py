@@ -32,7 +32,7 @@ from ._clip_layers import (
     CLIPMLP,
     CLIPEncoder,
     CLIPTextEmbeddings,
-    check_pixels,
+    VisionTower,
     encoder,
     mlp,
     param_dtype,
@@ -228,7 +228,7 @@ class SiglipMultiheadAttentionPoolingHead(Module):
 
 
 @register_architecture
-class SiglipVisionModel(PretrainedModel):
+class SiglipVisionModel(VisionTower):
     """SigLIP's vision tower (`transformers.SiglipVisionModel`): returns `last_hidden_state`
     (normalised by `post_layernorm`).
 
@@ -249,6 +249,7 @@ class SiglipVisionModel(PretrainedModel):
     """
 
     architecture = "SiglipVisionModel"
+    vision_values = VISION_VALUES
     model_type = "siglip_vision_model"
     keys_to_ignore_on_load_unexpected = _IGNORED
 
@@ -291,29 +292,8 @@ class SiglipVisionModel(PretrainedModel):
         embeddings = SiglipVisionEmbeddings(conv, positions)
         return cls(config, embeddings, encoder(c, dtype, ks[2]), norm(), head)
 
-    def __call__(
-        self,
-        *,
-        pixel_values: Any,
-        interpolate_pos_encoding: bool | None = None,
-        key: PRNGKeyArray | None = None,
-    ) -> Array:
-        """`last_hidden_state` `(batch, patches, hidden)`, after `post_layernorm`.
-
-        Arguments:
-            pixel_values: `(batch, num_channels, image_size, image_size)`.
-            interpolate_pos_encoding: `True` for other image sizes (the position embeddings
-                resized as `transformers` resizes them, with PyTorch's bicubic kernel).
-            key: PRNG key for dropout (used only after `tm.nn.inference_mode(model, False)`).
-
-        Returns:
-            `last_hidden_state`.
-        """
-        size = self.config.get("image_size", VISION_VALUES["image_size"].default)
-        conv = self.embeddings.patch_embedding
-        owner = type(self).__name__
-        x = check_pixels(owner, conv, size, pixel_values, interpolate_pos_encoding)
-        x = self.embeddings(owner, x, key=projection_keys(key, 1)[0])
+    def encode(self, x: Array, *, key: PRNGKeyArray | None) -> Array:
+        """The layers, then `post_layernorm` (the call is `VisionTower`'s)."""
         return self.post_layernorm(self.encoder(x, None, key=key))
 
     def pooler_output(self, **inputs: Any) -> Array:
