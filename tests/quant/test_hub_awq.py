@@ -138,3 +138,20 @@ def test_awq_options_treemod_does_not_read_are_refused_by_name(
         with pytest.raises(CheckpointError) as info:
             from_pretrained(directory)
         assert word in str(info.value) and str(directory / "config.json") in str(info.value)
+
+
+def test_awq_checkpoints_save_back_byte_for_byte(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    from treemod.models import save_pretrained
+
+    save_pretrained(from_pretrained(checkpoint["path"]), tmp_path)
+    theirs = safetensors_torch.load_file(checkpoint["path"] / "model.safetensors")
+    ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
+        assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    want = json.loads((checkpoint["path"] / "config.json").read_text())["quantization_config"]
+    assert config == want

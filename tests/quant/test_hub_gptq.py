@@ -178,3 +178,34 @@ def test_gptq_options_treemod_does_not_read_are_refused_by_name(
         with pytest.raises(CheckpointError) as info:
             from_pretrained(directory)
         assert word in str(info.value) and str(directory / "config.json") in str(info.value)
+
+
+def test_gptq_checkpoints_save_back_byte_for_byte(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    from treemod.models import save_pretrained
+
+    save_pretrained(from_pretrained(checkpoint["path"]), tmp_path)
+    theirs = safetensors_torch.load_file(checkpoint["path"] / "model.safetensors")
+    ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
+        assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    want = json.loads((checkpoint["path"] / "config.json").read_text())["quantization_config"]
+    assert config == want
+
+
+def test_gptq_layers_without_their_quantization_config_are_not_saved(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    from treemod.models import PretrainedConfig, save_pretrained
+
+    model = from_pretrained(checkpoint["path"])
+    bare = object.__new__(type(model))  # the same model, its config without the quantisation
+    config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
+    bare.__dict__.update(vars(model), config=PretrainedConfig(config))
+    with pytest.raises(ValueError, match=r"GPTQLinear layers \(e\.g\. 'model\.layers\.0\.") as e:
+        save_pretrained(bare, tmp_path)
+    assert "quant_method='gptq'" in str(e.value) and "dequantise" in str(e.value)

@@ -220,6 +220,37 @@ def _floats(model: Any) -> list[str]:
     return out
 
 
+# Layers whose fields are the checkpoint's own tensors, by class name: the `quant_method` whose
+# `quantization_config` (the one the model was loaded with) is written back with them.
+STORED = {"GPTQLinear": "gptq", "AWQLinear": "awq", "PackedLinear": "compressed-tensors"}
+
+
+def _stored_save(
+    model: Any, named: Mapping[str, Any], layers: Mapping[str, QuantLinear], method: str
+) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
+    """`hub_save` for layers loaded from GPTQ, AWQ or compressed-tensors files: their arrays
+    under their own names, and the `quantization_config` the model was loaded with."""
+    config = getattr(model, "config", None)
+    qconfig = config.to_dict().get("quantization_config") if config is not None else None
+    first = next(iter(layers))
+    if not isinstance(qconfig, dict) or qconfig.get("quant_method") != method:
+        raise ValueError(
+            f"save_pretrained: the model holds {type(layers[first]).__name__} layers (e.g. "
+            f"{first!r}) but its config has no quantization_config with quant_method="
+            f"{method!r} (they are written only as loaded); dequantise first "
+            "(treemod.quant.dequantise(model))."
+        )
+    fields = {f"{p}.{k}": p for p, layer in layers.items() for k in vars(layer) if k != "bias"}
+    out: dict[str, Any] = {}
+    float_names = set()
+    for name, value in named.items():
+        if name.endswith(".weight_shape") and name in fields:
+            value = np.asarray(value, np.int64)  # compressed-tensors writes int64
+        out[name] = value
+        float_names.add(f"{fields[name]}.weight" if name in fields else name)
+    return out, dict(qconfig), float_names
+
+
 def hub_save(
     model: Any, named: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
@@ -235,13 +266,16 @@ def hub_save(
         (for the structure check).
 
     Raises:
-        ValueError: int4 layers (no `transformers` format written), or NF4 and int8 layers in
-            one model; the message names a layer and what to do.
+        ValueError: int4 layers (no `transformers` format written), NF4 and int8 layers in one
+            model, or GPTQ / AWQ / compressed-tensors layers without the `quantization_config`
+            they were loaded with; the message names a layer and what to do.
     """
     layers = quantised_layers(model)
     if not layers:
         return dict(named), None, set(named)
     kinds = {type(layer).__name__ for layer in layers.values()}
+    if len(kinds) == 1 and next(iter(kinds)) in STORED:
+        return _stored_save(model, named, layers, STORED[next(iter(kinds))])
     if not kinds <= {"NF4Linear", "Int8Linear"} or len(kinds) > 1:
         other = (n for n, v in layers.items() if not isinstance(v, NF4Linear | Int8Linear))
         first = next(other, next(iter(layers)))
