@@ -167,7 +167,7 @@ def test_gptq_options_treemod_does_not_read_are_refused_by_name(
         ({"bits": 8}, "quantization_config.bits=8"),
         ({"checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
         ({"group_size": -1}, "group_size=-1"),
-        ({"quant_method": "awq"}, "quant_method='awq'"),
+        ({"quant_method": "hqq"}, "quant_method='hqq'"),
     ]):  # fmt: skip
         directory = tmp_path / str(i)
         directory.mkdir()
