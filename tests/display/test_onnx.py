@@ -1,18 +1,15 @@
 """ONNX export of treemod models with jax2onnx, run by onnxruntime.
 
-Each model is converted once with a symbolic batch (and, for the text models, a symbolic
-sequence length), written to a `.onnx` file, and run by onnxruntime at two shapes; its outputs
-must equal the jitted model's within float32 rounding. onnxruntime computes the graph with its
-own kernels, so a lowering that drops or reorders an operation shows. The models' numerics
-themselves are checked against transformers and torchvision in tests/models/.
-
-jax2onnx is installed by the Makefile without its dependencies (see the `onnx` extra in
-pyproject.toml); it is imported by a fixture, never at collection, so the oldest end (which
-deselects `slow` tests and has no jax2onnx) still collects this file."""
+The digits CNN, GPT-2, BERT, ViT and ResNet and channels-first pooling layers are each converted
+once with a symbolic batch (and, for the text models, a symbolic sequence length), written to a
+`.onnx` file and run by onnxruntime at two shapes; the outputs must equal the jitted model's
+within float32 rounding. onnxruntime computes the graph with its own kernels, so a lowering that
+drops or reorders an operation shows. The models' numerics themselves are checked against
+transformers and torchvision in tests/models/. The zoo's other text families: test_onnx_zoo.py;
+the `onnx` fixture (jax2onnx and onnxruntime, imported at the first test): conftest.py."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,58 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from digits_cnn import CNN  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def _allow_jax2onnx_on_this_jax() -> None:
-    """JAX 0.12 folded `ClosedJaxpr` into `Jaxpr` and dropped the old name from `jax._src.core`;
-    jax2onnx 0.17.1 (its `jit` lowering) still reads it there. `jax.extend.core.ClosedJaxpr` is
-    JAX's public alias of the class, so the name is put back as that alias."""
-    import jax._src.core as jax_core
-    import jax.extend.core
-
-    if not hasattr(jax_core, "ClosedJaxpr"):
-        jax_core.ClosedJaxpr = jax.extend.core.ClosedJaxpr  # type: ignore[attr-defined]
-
-
-@pytest.fixture(scope="module")
-def onnx() -> SimpleNamespace:
-    """`to_onnx` and onnxruntime; a missing one is an error in CI and a skip elsewhere."""
-    try:
-        import onnxruntime
-        from jax2onnx import to_onnx
-    except ImportError as e:
-        message = (
-            f"{e.name} is not installed: the ONNX tests need jax2onnx and onnxruntime "
-            "(make's .venv/.dev step, or pip install -e '.[onnx]' && pip install --no-deps "
-            "jax2onnx==0.17.1)."
-        )
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    _allow_jax2onnx_on_this_jax()
-    return SimpleNamespace(to_onnx=to_onnx, ort=onnxruntime)
-
-
-def _run_exported(
-    onnx: SimpleNamespace, tmp_path: Path, fn: Callable[[Any], Any], spec: Any, xs: list[Any]
-) -> tuple[list[Any], list[np.ndarray]]:
-    """Export `fn` for `spec` to a file, open it in onnxruntime, and run it on each of `xs`."""
-    path = tmp_path / "model.onnx"
-    path.write_bytes(onnx.to_onnx(fn, [spec]).SerializeToString())
-    options = onnx.ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: unused-initialiser notes are not failures
-    session = onnx.ort.InferenceSession(str(path), options)
-    (graph_input,) = session.get_inputs()
-    outputs = [session.run(None, {graph_input.name: x})[0] for x in xs]
-    return graph_input.shape, outputs
-
-
-def _assert_equals_jitted(fn: Callable[[Any], Any], xs: list[Any], got: list[np.ndarray]) -> None:
-    jitted = jax.jit(fn)
-    for x, y in zip(xs, got, strict=True):
-        want = np.asarray(jitted(x))
-        assert y.shape == want.shape, (x.shape, y.shape, want.shape)
-        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
 def _images(*shape: int) -> list[np.ndarray]:
@@ -145,10 +90,10 @@ def test_model_exported_to_onnx_runs_in_onnxruntime_at_other_shapes(
     onnx: SimpleNamespace, tmp_path: Path, name: str
 ) -> None:
     fn, spec, xs = _model(name)
-    shape, got = _run_exported(onnx, tmp_path, fn, spec, xs)
+    shape, got = onnx.run_exported(tmp_path, fn, spec, xs)
     # The symbolic dimensions are named dimensions of the graph's input.
     assert shape == (["B", "S"] if spec is TEXT_SPEC else list(spec))
-    _assert_equals_jitted(fn, xs, got)
+    onnx.assert_equals_jitted(fn, xs, got)
 
 
 POOLS = {
@@ -167,6 +112,6 @@ def test_pooling_over_channels_first_images_runs_in_onnxruntime(
     pool = POOLS[name]()
     spatial = (6, 7) if name.endswith("2d") else (9,)
     fn = lambda x: pool(x)  # noqa: E731
-    shape, got = _run_exported(onnx, tmp_path, fn, ("B", 3, *spatial), _images(3, *spatial))
+    shape, got = onnx.run_exported(tmp_path, fn, ("B", 3, *spatial), _images(3, *spatial))
     assert shape == ["B", 3, *spatial]
-    _assert_equals_jitted(fn, _images(3, *spatial), got)
+    onnx.assert_equals_jitted(fn, _images(3, *spatial), got)
