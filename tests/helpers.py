@@ -161,6 +161,7 @@ def recursion_budget_lost() -> int:
 # The libraries the tests compare against (import name: distribution).
 REFERENCES = {
     "bitsandbytes": "bitsandbytes",
+    "compressed_tensors": "compressed-tensors",
     "equinox": "equinox",
     "hypothesis": "hypothesis",
     "optax": "optax",
