@@ -13,6 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hub_checks import quantization_configs, with_config
 
 import treemod.nn as nn
 import treemod.quant as quant
@@ -147,14 +148,7 @@ def test_loaded_checkpoints_save_back_byte_for_byte(
     hub: dict[str, Path], scheme: str, tmp_path: Path
 ) -> None:
     save_pretrained(from_pretrained(hub[scheme]), tmp_path)
-    theirs = safetensors_torch.load_file(hub[scheme] / "model.safetensors")
-    ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
-        assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
-    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
-    want = json.loads((hub[scheme] / "config.json").read_text())["quantization_config"]
+    config, want = quantization_configs(tmp_path, hub[scheme])
     assert config.pop("llm_int8_skip_modules") == ["lm_head"]
     assert want.pop("llm_int8_skip_modules") is None  # transformers' default leaves lm_head
     assert config == want
@@ -193,15 +187,6 @@ def test_treemod_quantised_models_save_what_transformers_loads(
     )
 
 
-def _with_config(src: Path, dst: Path, **changes: Any) -> Path:
-    dst.mkdir()
-    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"].update(changes)
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
 def test_unsupported_methods_and_options_are_refused_by_name(
     hub: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -212,7 +197,7 @@ def test_unsupported_methods_and_options_are_refused_by_name(
         ({"bnb_4bit_quant_storage": "bfloat16"}, ["bnb_4bit_quant_storage='bfloat16'"]),
         ({"load_in_8bit": True}, ["load_in_4bit=True and load_in_8bit=True"]),
     ]):  # fmt: skip
-        directory = _with_config(hub["nf4"], tmp_path / str(i), **change)
+        directory = with_config(hub["nf4"], tmp_path / str(i), lambda q, c=change: q.update(c))
         with pytest.raises(CheckpointError) as info:
             from_pretrained(directory)
         for word in [str(directory / "config.json"), *words]:

@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hub_checks import quantization_configs, with_config
 
 import treemod.quant as quant
 from treemod import CheckpointError
@@ -139,16 +140,12 @@ def test_packed_options_treemod_does_not_read_are_refused_by_name(
          f"{weights}.weights.num_bits=2"),
         ({"input_activations": {"num_bits": 8}}, f"{weights}.input_activations="),
     ]):  # fmt: skip
-        directory = tmp_path / str(i)
-        directory.mkdir()
-        (directory / "model.safetensors").symlink_to(src / "model.safetensors")
-        config = json.loads((src / "config.json").read_text())
-        q = config["quantization_config"]
-        if set(change) <= {"format", "quantization_status"}:
-            q.update(change)
-        else:
-            q["config_groups"]["group_0"].update(change)
-        (directory / "config.json").write_text(json.dumps(config))
+        top = set(change) <= {"format", "quantization_status"}
+        directory = with_config(
+            src,
+            tmp_path / str(i),
+            lambda q, c=change, top=top: (q if top else q["config_groups"]["group_0"]).update(c),
+        )
         with pytest.raises(CheckpointError) as info:
             from_pretrained(directory)
         assert word in str(info.value) and str(directory / "config.json") in str(info.value)
@@ -160,12 +157,5 @@ def test_packed_checkpoints_save_back_byte_for_byte(
     from treemod.models import save_pretrained
 
     save_pretrained(from_pretrained(checkpoint["path"]), tmp_path)
-    theirs = safetensors_torch.load_file(checkpoint["path"] / "model.safetensors")
-    ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
-        assert torch.equal(ours[name].view(torch.uint8), value.view(torch.uint8)), name
-    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
-    want = json.loads((checkpoint["path"] / "config.json").read_text())["quantization_config"]
-    assert config == want
+    ours, theirs = quantization_configs(tmp_path, checkpoint["path"])
+    assert ours == theirs
