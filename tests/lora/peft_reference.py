@@ -10,6 +10,7 @@ import numpy as np
 import peft
 import torch
 import transformers
+from lora_arrays import randomise_b as randomise_b  # the tests import it from here
 
 import treemod as tm
 from treemod.models.gpt2 import GPT2LMHeadModel
@@ -68,21 +69,3 @@ def peft_model(hf: Any, target_modules: Any, r: int, alpha: float, **kw: Any) ->
 
 
 IDS = np.array([[1, 5, 9, 3, 7, 2], [4, 4, 8, 10, 11, 0]], dtype=np.int64)
-
-
-def randomise_b(model: Any, seed: int = 4) -> Any:
-    """The treemod side of `randomise_peft_b`: random non-zero B in every LoRA layer."""
-    import treemod.lora as lora
-
-    keys = iter(jax.random.split(jax.random.key(seed), 1000))
-
-    def one(layer: Any) -> Any:
-        w = layer.lora_B.weight
-        return tm.tree_at(
-            lambda m: m.lora_B.weight, layer, 0.3 * jax.random.normal(next(keys), w.shape)
-        )
-
-    with tm.shape_checks(False):  # a LoRA layer of a Stack holds stacked arrays
-        return jax.tree_util.tree_map(
-            lambda x: one(x) if lora.is_lora_layer(x) else x, model, is_leaf=lora.is_lora_layer
-        )

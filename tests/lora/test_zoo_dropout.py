@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lora_arrays import randomise_b
 
 import treemod as tm
 import treemod.lora as lora
@@ -237,22 +238,6 @@ def wrappable(model: Any) -> list[str]:
 
     rewrite_named(model, visit)
     return names
-
-
-def randomise_b(model: Any, seed: int = 4) -> Any:
-    """Random non-zero B in every LoRA layer (B starts at zero), so that adapters matter."""
-    keys = iter(jax.random.split(jax.random.key(seed), 1000))
-
-    def one(layer: Any) -> Any:
-        w = layer.lora_B.weight
-        return tm.tree_at(
-            lambda m: m.lora_B.weight, layer, 0.3 * jax.random.normal(next(keys), w.shape)
-        )
-
-    with tm.shape_checks(False):  # a LoRA layer of a Stack holds stacked arrays
-        return jax.tree_util.tree_map(
-            lambda x: one(x) if lora.is_lora_layer(x) else x, model, is_leaf=lora.is_lora_layer
-        )
 
 
 def lora_training(model: Any) -> Any:
