@@ -453,3 +453,25 @@ def test_dropout_one_in_training_mode_matches_peft(family: str, tmp_path: Any) -
     got = tm.filter_jit(lambda m, k: m(**inputs, key=k))(training, jax.random.key(3))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(want, base_out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "BertForSequenceClassification"])
+def test_every_adapted_layer_draws_its_own_key(arch: str, monkeypatch: Any) -> None:
+    """Each adapter call of one model call gets a key no other call gets (the layers of a
+    `Stack` included): recorded from inside the compiled call."""
+    seen: list[tuple[int, ...]] = []
+    original = lora.LoRALinear.__call__
+
+    def recording(self: Any, x: Any, *, key: Any = None) -> Any:
+        record = lambda k: seen.append(tuple(np.asarray(k).ravel().tolist()))  # noqa: E731
+        jax.debug.callback(record, jax.random.key_data(key))
+        return original(self, x, key=key)
+
+    model = tuned(arch, 0.5)
+    monkeypatch.setattr(lora.LoRALinear, "__call__", recording)
+    _, inputs = CASES[arch]
+    jax.block_until_ready(tm.filter_jit(lambda m, k: m(**inputs, key=k))(model, jax.random.key(0)))
+    layers = lora_layers(model)
+    calls = sum(int(x.lora_A.weight.shape[0]) if x.lora_A.weight.ndim == 3 else 1 for x in layers)
+    assert len(seen) == calls > 0
+    assert len(set(seen)) == len(seen)
