@@ -21,19 +21,6 @@ from jaxtyping import PRNGKeyArray
 import treemod.nn as nn
 from treemod._module.module import Module, field
 from treemod._sharding.axes import axis_names
-from treemod.models._attention_parts import (
-    attend,
-    causal_mask,
-    projection_keys,
-    split_key,
-    token_inputs,
-)
-from treemod.models._base import (
-    PretrainedConfig,
-    PretrainedModel,
-    config_error,
-    register_architecture,
-)
 from treemod.models._causal_lm import (
     CacheLayout,
     CausalLM,
@@ -44,6 +31,9 @@ from treemod.models._causal_lm import (
 )
 from treemod.models._config_values import Value, defaults, read_config
 from treemod.models._hf_activations import get_activation, hf_activation
+
+from ._attention_parts import attend, causal_mask, projection_keys, split_key, token_inputs
+from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
 
 __all__ = [
     "GPT2_DEFAULTS",
