@@ -475,3 +475,23 @@ def test_every_adapted_layer_draws_its_own_key(arch: str, monkeypatch: Any) -> N
     calls = sum(int(x.lora_A.weight.shape[0]) if x.lora_A.weight.ndim == 3 else 1 for x in layers)
     assert len(seen) == calls > 0
     assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.slow
+def test_torchvisions_resnet_passes_keys_to_its_convolutions() -> None:
+    from treemod.models.resnet_torchvision import resnet18
+
+    model = resnet18(num_classes=3, key=jax.random.key(0))
+    targets = wrappable(model)
+    assert len(targets) == 21  # 20 convolutions (downsampling ones included) and fc
+
+    def adapted(p: float) -> Any:
+        new = lora.add_lora(model, targets, r=4, alpha=8, dropout=p, key=jax.random.key(1))
+        return lora_training(randomise_b(new))
+
+    call = tm.filter_jit(lambda m, k: m(PIXELS, key=k))
+    key = jax.random.key(7)
+    np.testing.assert_allclose(call(adapted(1.0), key), call(model, key), rtol=1e-5, atol=1e-5)
+    half = adapted(0.5)
+    np.testing.assert_array_equal(call(half, key), call(half, key))
+    assert not np.allclose(call(half, key), call(half, jax.random.key(8)))
