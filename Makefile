@@ -67,13 +67,16 @@ typecheck: $(VENV)/.dev
 # first, left a few long files to the end for one worker). --max-worker-restart=0: a worker
 # that dies (a segfault, or pyproject's faulthandler_timeout) ends the run with the test named;
 # replacing it makes pytest-xdist 3.8's loadfile scheduler wait forever (xdist issues 784, 1378).
+# tests/resume.py then runs the crashed and unfinished tests again (jaxlib 0.12.0.1 segfaults now
+# and then inside XLA's compiler); a test that crashes twice, or any failure, fails the run.
+PYTEST := tests/resume.py
 PYTEST_ARGS := -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 tests benchmarks/tests treemod
 FAST := -m "not heavy and not slow"
 
 # The whole suite on the newest end (deprecation warnings raised from treemod's code are errors:
 # pyproject's filterwarnings).
 pytest: $(VENV)/.dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python $(PYTEST) $(PYTEST_ARGS)
 
 # The oldest end: the suite without the tests that start processes or tools or compile several
 # libraries' models (those test tools and references, not the JAX version). The rule
@@ -82,12 +85,12 @@ pytest: $(VENV)/.dev
 # torchvision is `slow`, its layers, transforms and loading code being tested here by their own
 # files.
 test-oldest: $(VENV_OLDEST)/.dev
-	$(BIN_OLDEST)/python -m pytest $(PYTEST_ARGS) $(FAST)
+	$(BIN_OLDEST)/python $(PYTEST) $(PYTEST_ARGS) $(FAST)
 
 # The edit-test loop: pytest on the newest end without the tests marked heavy (processes, mypy,
 # mkdocs, examples) or slow (several libraries' models); `make test` runs everything.
 test-fast: $(VENV)/.dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS) $(FAST)
+	$(BIN)/python $(PYTEST) $(PYTEST_ARGS) $(FAST)
 
 docs: $(VENV)/.dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -1,5 +1,6 @@
 """Apply the test suite's JAX settings (tests/conftest.py) to the doctests in `treemod/` too, and
-order the files so the long ones start first (`longest_files_first`).
+order the files so the long ones start first (`longest_files_first`), and report to
+`tests/resume.py`, which resumes a run after a worker crashed.
 
 One doctest runs elsewhere: `breakpoint_if`'s example traces `jax.debug.breakpoint`, which
 flattens the locals of every frame on the tracing stack; inside a pytest-xdist worker that stack
@@ -9,6 +10,7 @@ holds the worker's own objects, and the flattening failed with `RecursionError` 
 
 import pytest
 
+from tests import resume
 from tests.conftest import *  # noqa: F403
 from tests.conftest import pytest_configure  # noqa: F401
 
@@ -16,11 +18,16 @@ RUN_IN_A_FRESH_INTERPRETER = ("treemod.debug.breakpoint_if",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    resume.deselect_finished(config, items)
     elsewhere = [item for item in items if item.name in RUN_IN_A_FRESH_INTERPRETER]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
     items[:] = longest_files_first(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    resume.record(report)
 
 
 def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
