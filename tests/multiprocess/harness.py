@@ -53,6 +53,15 @@ class Finished:
     stdout: str
     stderr: str
 
+    def printed(self) -> list[str]:
+        """The lines the process printed, without gloo's connection log: gloo's C++ code writes
+        it to the same stdout, whole, in pieces or with blank lines between Python's."""
+        return [
+            line
+            for line in self.stdout.splitlines()
+            if line.strip() and not line.startswith("[Gloo]") and "peer ranks" not in line
+        ]
+
 
 def free_port() -> int:
     """A TCP port that was free a moment ago (bound to port 0, then released)."""

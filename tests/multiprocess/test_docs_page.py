@@ -47,10 +47,5 @@ def test_many_hosts_page_runs_in_several_processes(tmp_path: pytest.TempPathFact
     count, code = _program(PAGE)
     finished = harness.run_script(code, num_processes=count, devices_per_process=2, timeout=300)
     for f in finished:
-        printed = [line for line in f.stdout.splitlines() if not _is_gloo_log(line)]
+        printed = f.printed()
         assert printed == ["False", "[4, 5]", "5"], f"process {f.process_id} printed {printed}"
-
-
-def _is_gloo_log(line: str) -> bool:
-    """Gloo's connection log, which it prints to stdout (with or without its prefix)."""
-    return line.startswith("[Gloo]") or "connected to" in line and "peer ranks" in line

@@ -48,10 +48,5 @@ def test_fsdp_recipe_runs_on_two_processes_of_four_devices() -> None:
         code, num_processes=count, devices_per_process=DEVICES, timeout=400
     )
     for f in finished:
-        printed = [line for line in f.stdout.splitlines() if not _is_gloo_log(line)]
+        printed = f.printed()
         assert printed == expected, f"process {f.process_id} printed {printed}\n{f.stderr}"
-
-
-def _is_gloo_log(line: str) -> bool:
-    """Gloo's connection log, which it prints to stdout (with or without its prefix)."""
-    return line.startswith("[Gloo]") or "connected to" in line and "peer ranks" in line
