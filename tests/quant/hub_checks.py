@@ -34,3 +34,20 @@ def quantization_configs(ours: Path, theirs: Path) -> tuple[dict[str, Any], dict
     return tuple(  # type: ignore[return-value]
         json.loads((d / "config.json").read_text())["quantization_config"] for d in (ours, theirs)
     )
+
+
+Change = Callable[[dict[str, Any]], None]
+
+
+def assert_refused(src: Path, dst: Path, change: Change, word: str) -> None:
+    """`from_pretrained` of `src` with `change` made to its `quantization_config` raises a
+    `CheckpointError` naming `word` and the config file."""
+    import pytest
+
+    from treemod import CheckpointError
+    from treemod.models import from_pretrained
+
+    directory = with_config(src, dst, change)
+    with pytest.raises(CheckpointError) as info:
+        from_pretrained(directory)
+    assert word in str(info.value) and str(directory / "config.json") in str(info.value)

@@ -15,10 +15,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hub_checks import quantization_configs, with_config
+from hub_checks import assert_refused, quantization_configs
 
 import treemod.quant as quant
-from treemod import CheckpointError
 from treemod.models import from_pretrained
 
 pytestmark = pytest.mark.slow
@@ -130,10 +129,7 @@ def test_awq_options_treemod_does_not_read_are_refused_by_name(
         ({"version": "gemv"}, "quantization_config.version='gemv'"),
         ({"zero_point": False}, "quantization_config.zero_point=False"),
     ]):  # fmt: skip
-        directory = with_config(src, tmp_path / str(i), lambda q, c=change: q.update(c))
-        with pytest.raises(CheckpointError) as info:
-            from_pretrained(directory)
-        assert word in str(info.value) and str(directory / "config.json") in str(info.value)
+        assert_refused(src, tmp_path / str(i), lambda q, c=change: q.update(c), word)
 
 
 def test_awq_checkpoints_save_back_byte_for_byte(
