@@ -38,9 +38,14 @@ $(VENV)/.examples: pyproject.toml | $(BIN)/python
 # jax2onnx (the ONNX tests) without its dependencies: its metadata pins orbax-checkpoint<0.11.37,
 # which would downgrade the dev extra's orbax-checkpoint>=0.12, and it never imports Orbax
 # (`grep -r orbax` over its source finds nothing). The `onnx` extra lists what it does import.
+# GPT-QModel (transformers' loader for GPTQ and AWQ checkpoints, the reference that reads back
+# what treemod saves) without its dependencies: its metadata pulls datasets, pyarrow, torchao and
+# build tools that loading never imports; these seven packages are what loading imports.
+REFERENCE_LOADERS := gptqmodel==7.7.0 optimum==2.3.0 logbar==0.4.15 device-smi==0.5.7 \
+	tokenicer==0.0.14 pypcre==0.6.4 defuser==0.0.28
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[dev,torch,examples,onnx]'
-	$(PIP) --no-deps jax2onnx==0.17.1
+	$(PIP) --no-deps jax2onnx==0.17.1 $(REFERENCE_LOADERS)
 	touch $@
 
 $(VENV_OLDEST)/.dev: pyproject.toml $(OLDEST) | $(BIN_OLDEST)/python
