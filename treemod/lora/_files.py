@@ -7,8 +7,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,6 +24,13 @@ from treemod._state_dict.walk import expected_tensors
 
 from ._layers import LoRALayer, LoRALinear
 from ._merge import is_lora_layer
+from ._modules_to_save import (
+    TASK_HEADS,
+    default_modules,
+    module_tensors,
+    saved_modules,
+    task_type_of,
+)
 from ._select import rewrite_named, wrap_targets
 
 __all__ = ["load_adapter", "save_adapter"]
@@ -44,7 +52,6 @@ _REQUIRED: dict[str, Any] = {
     "alpha_pattern": {},
     "layers_to_transform": None,
     "layers_pattern": None,
-    "modules_to_save": None,
     "exclude_modules": None,
     "target_parameters": None,
     "lora_bias": False,
@@ -83,20 +90,13 @@ def _one(values: set[Any], what: str) -> Any:
     return values.pop()
 
 
-@runtime_checkable
-class TaskTyped(Protocol):
-    """A model that names PEFT's `task_type` for its adapters (every `treemod.models` class)."""
-
-    @classmethod
-    def peft_task_type(cls) -> str | None: ...
-
-
 def save_adapter(
     model: Any,
     path: str | os.PathLike[str],
     *,
     base_model_name_or_path: str | None = None,
     task_type: str | None = None,
+    modules_to_save: Sequence[str] | None = None,
 ) -> None:
     """Write the model's adapters as PEFT does (`PeftModel.save_pretrained`): a directory with
     `adapter_config.json` and `adapter_model.safetensors`, tensors named
@@ -104,7 +104,8 @@ def save_adapter(
     `peft.PeftModel.from_pretrained(hf_model, path)` loads them.
 
     `target_modules` is written as the list of the adapted modules' full names (PEFT selects
-    exactly those).
+    exactly those). The modules trained whole (`modules_to_save`, PEFT's name) are written
+    with all their tensors, `base_model.model.<module name>.weight`, as PEFT writes them.
 
     Arguments:
         model: a model with LoRA layers (`add_lora`), not merged.
@@ -112,6 +113,10 @@ def save_adapter(
         base_model_name_or_path: recorded in the config, as PEFT does.
         task_type: PEFT's `task_type` (`"CAUSAL_LM"`, `"SEQ_CLS"`, ...); default: the zoo
             model's (`PretrainedModel.peft_task_type`), else none.
+        modules_to_save: modules saved whole (trained with `trainable(model,
+            modules_to_save)`), each selected by a name or the end of one; default: the head
+            PEFT saves for the task type (`classifier` or `score` for `SEQ_CLS` and
+            `TOKEN_CLS`), else none; `[]` for none.
 
     Example:
         >>> import jax, tempfile, os, treemod.nn as nn, treemod.lora as lora
@@ -130,16 +135,31 @@ def save_adapter(
             f"save_adapter: the LoRA layers {merged[:3]} are merged into their weights; call "
             "treemod.lora.unmerge(model) first (a merged model would load with the update twice)."
         )
+    task_type = task_type or task_type_of(model)
+    if modules_to_save is None:
+        modules_to_save = default_modules(model, task_type)
+        whole = saved_modules(model, modules_to_save or [], "save_adapter", each_must_match=False)
+    else:
+        modules_to_save = list(modules_to_save)
+        whole = saved_modules(model, modules_to_save, "save_adapter")
+    heads = saved_modules(model, TASK_HEADS.get(task_type or "", ()), "", each_must_match=False)
+    if set(heads) - set(whole):
+        raise ValueError(
+            f"save_adapter: task_type {task_type!r} adapters hold the heads {sorted(heads)} "
+            "whole (PEFT's loader reads it from the file, and fails without it); keep the "
+            "default modules_to_save, or pass task_type=... of another task."
+        )
+    named = state_dict(model)
+    kept = set(module_tensors(list(named), list(whole)))
     tensors = {
         PREFIX + name: value
-        for name, value in state_dict(model).items()
-        if _is_adapter(name, layers)
+        for name, value in named.items()
+        if _is_adapter(name, layers) or name in kept
     }
     fan = {isinstance(m, LoRALinear) and m.fan_in_fan_out for m in layers.values()}
     config = {
         "peft_type": "LORA",
-        "task_type": task_type
-        or (model.peft_task_type() if isinstance(model, TaskTyped) else None),
+        "task_type": task_type,
         "base_model_name_or_path": base_model_name_or_path,
         "inference_mode": True,
         "r": _one({m.r for m in layers.values()}, "r"),
@@ -150,7 +170,7 @@ def save_adapter(
         "target_modules": sorted(layers),
         "bias": "none",
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": modules_to_save or None,
         "use_dora": False,
     }
     out = Path(path)
@@ -240,7 +260,12 @@ def _read_config(path: Path) -> dict[str, Any]:
             raise _bad(file, "target_modules", targets, f"a regular expression ({e})") from None
     elif not (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)):
         raise _bad(file, "target_modules", targets, "a non-empty list of module names or a str")
-    out: dict[str, Any] = {"target_modules": targets}
+    whole = config.get("modules_to_save")
+    if whole is not None and not (
+        isinstance(whole, list) and all(isinstance(m, str) and m for m in whole)
+    ):
+        raise _bad(file, "modules_to_save", whole, "null or a list of module names")
+    out: dict[str, Any] = {"target_modules": targets, "modules_to_save": whole or []}
     values = {k: config.get(k, default) for k, default in _DEFAULTS.items()}
     r = values["r"]
     if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
@@ -336,6 +361,9 @@ def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool
     place and every adapter its tensor. Each problem is one `treemod.CheckpointError` naming
     the file and the key or tensor.
 
+    The modules the config's `modules_to_save` selects (PEFT's: a name or the end of one; a
+    classifier head) take the file's tensors whole.
+
     As PEFT's `PeftModel.from_pretrained`, the adapters come in inference mode (their dropout
     off), so the model runs without a key; `is_trainable=True` gives them in training mode.
 
@@ -384,10 +412,19 @@ def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool
             raise CheckpointError(
                 f"load_adapter: {file}: 'target_modules' does not fit the model: {e}"
             ) from None
+    try:
+        # PEFT lists every head name of the task (`classifier` and `score`); a model has one.
+        whole = saved_modules(
+            model, config["modules_to_save"], "load_adapter", each_must_match=False
+        )
+    except ValueError as e:
+        raise CheckpointError(f"load_adapter: {file}: {e}") from None
+    every = expected_tensors(model, NATIVE_HOOKS)
+    kept = set(module_tensors(list(every), list(whole)))
     expected = {
         name: tuple(s.shape)
-        for name, s in expected_tensors(model, NATIVE_HOOKS).items()
-        if any(p in name for p in _PARTS)
+        for name, s in every.items()
+        if any(p in name for p in _PARTS) or name in kept
     }
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
@@ -396,7 +433,20 @@ def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool
             f"load_adapter: {weights} does not fit the model's adapters: "
             f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
             f"unexpected {(outside + [PREFIX + u for u in unexpected])[:5]} (adapter tensors are "
-            f"named '{PREFIX}<module>.lora_A.weight'; check target_modules and the model class)."
+            f"named '{PREFIX}<module>.lora_A.weight', those of modules_to_save "
+            f"'{PREFIX}<module>.weight'; check target_modules, modules_to_save and the model "
+            "class)."
+        )
+    heads = [
+        f"{PREFIX + n}: the file has {list(found[n])}, the model's {n!r} has {list(s)}"
+        for n, s in sorted(expected.items())
+        if n in kept and found[n] != s
+    ]
+    if heads:
+        raise CheckpointError(
+            f"load_adapter: {weights} holds modules_to_save tensors of other shapes than the "
+            f"model's: {'; '.join(heads[:4])}. Build the model with the head the adapter was "
+            "trained with (e.g. its num_labels)."
         )
     wrong = [
         f"{PREFIX + n}: the file has {list(found[n])}, the model's adapter needs {list(s)}"

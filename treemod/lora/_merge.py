@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import jax.tree_util as jtu
 from treemod._tree.filters import is_inexact_array
 
 from ._layers import LoRALayer
+from ._modules_to_save import trainable_ids
 
 __all__ = ["is_lora_layer", "merge", "trainable", "unload", "unmerge"]
 
@@ -108,13 +110,19 @@ def unload(model: Any) -> Any:
     return _map_lora(unmerge(model), lambda m: m.base_layer)
 
 
-def trainable(model: Any) -> Any:
+def trainable(model: Any, modules_to_save: Sequence[str] | None = None) -> Any:
     """A filter spec, the model's shape with `True` at the adapters' arrays (every `lora_A` and
-    `lora_B` weight) and `False` everywhere else: pass it to `treemod.partition` to split the
-    trainable adapters from the frozen weights, or use it as an optax mask.
+    `lora_B` weight) and at the floating arrays of the modules trained whole
+    (`modules_to_save`), and `False` everywhere else: pass it to `treemod.partition` to split
+    the trainable arrays from the frozen weights, or use it as an optax mask.
 
     Arguments:
         model: a model with LoRA layers.
+        modules_to_save: PEFT's `modules_to_save`: modules trained whole, each selected by a
+            name or the end of one (`["classifier"]`); default: the head PEFT trains for the
+            model's task (`classifier` or `score` of a `...ForSequenceClassification` or
+            `...ForTokenClassification`), none for other models; `[]` for adapters only. Pass
+            the same list to `save_adapter`.
 
     Returns:
         A pytree of bools of the model's structure.
@@ -137,6 +145,9 @@ def trainable(model: Any) -> Any:
         ]
         return jtu.tree_unflatten(treedef, flags)
 
+    whole = trainable_ids(model, modules_to_save, "trainable")
     return jtu.tree_map(
-        lambda x: mark(x) if is_lora_layer(x) else False, model, is_leaf=is_lora_layer
+        lambda x: mark(x) if is_lora_layer(x) else id(x) in whole and is_inexact_array(x),
+        model,
+        is_leaf=is_lora_layer,
     )

@@ -339,10 +339,11 @@ class PretrainedModel(Module):
         """PEFT's `task_type` for adapters of this class (`save_adapter` writes it, so that
         `peft`'s `AutoPeftModelFor...` classes load them), from `transformers`' naming of the
         class: `...ForCausalLM`/`...LMHeadModel` `"CAUSAL_LM"`, `...ForConditionalGeneration`
-        `"SEQ_2_SEQ_LM"`, a base model `"FEATURE_EXTRACTION"`. None for a class with a
-        classification head: PEFT's `SEQ_CLS`/`TOKEN_CLS` also train and save the head
-        (`modules_to_save`), which an adapter file of treemod's does not hold. A class named
-        otherwise overrides it.
+        `"SEQ_2_SEQ_LM"`, `...ForSequenceClassification` `"SEQ_CLS"`,
+        `...ForTokenClassification` `"TOKEN_CLS"` (PEFT trains and saves their `classifier` or
+        `score` head whole: `treemod.lora.trainable` and `save_adapter` do the same), a base
+        model `"FEATURE_EXTRACTION"`; None for other heads. A class named otherwise overrides
+        it.
 
         Returns:
             The task type, or None.
@@ -375,6 +376,8 @@ _TASK_TYPES = (
     ("ForCausalLM", "CAUSAL_LM"),
     ("LMHeadModel", "CAUSAL_LM"),
     ("ForConditionalGeneration", "SEQ_2_SEQ_LM"),
+    ("ForSequenceClassification", "SEQ_CLS"),
+    ("ForTokenClassification", "TOKEN_CLS"),
 )
 _M = TypeVar("_M", bound=type[PretrainedModel])
 _REGISTRY: dict[str, type[PretrainedModel]] = {}
