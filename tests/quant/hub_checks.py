@@ -1,5 +1,6 @@
 """Checks the quantised-checkpoint tests share: a checkpoint directory with its
-`quantization_config` changed, and the byte-for-byte comparison of two saved directories."""
+`quantization_config` changed, the byte-for-byte comparison of two saved directories, and what
+`transformers` computes for saved directories (in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,44 @@ def assert_refused(src: Path, dst: Path, change: Change, word: str) -> None:
     with pytest.raises(CheckpointError) as info:
         from_pretrained(directory)
     assert word in str(info.value) and str(directory / "config.json") in str(info.value)
+
+
+def transformers_outputs(
+    checkpoints: dict[str, Path], ids: Any, work: Path, dtype: str = "float16"
+) -> dict[str, Any]:
+    """What `transformers` (GPTQ and AWQ through GPT-QModel) computes for each checkpoint
+    directory: `{name}.logits` and `{name}.q_proj` (the first decoder layer's dequantised
+    weight, float32 `(out, in)`), from one fresh interpreter running `hub_transformers.py`.
+
+    GPT-QModel patches `safetensors`' and `transformers`' globals when imported, so it never
+    runs in the test process. Without it the calling test is skipped, or fails under CI (set
+    `CI`), where the newest end installs it (the Makefile's `REFERENCE_LOADERS`)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pytest
+
+    if importlib.util.find_spec("gptqmodel") is None:
+        message = "gptqmodel is not installed (make installs it on the newest end)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}; CI runs the transformers reference, so install it.")
+        pytest.skip(message)
+    entries = {name: {"path": str(path), "dtype": dtype} for name, path in checkpoints.items()}
+    spec = {"ids": np.asarray(ids).tolist(), "checkpoints": entries}
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "spec.json").write_text(json.dumps(spec))
+    # No torch.compile (its C++ build takes longer than the run); GPT-QModel's temporary
+    # folders go under `work`; no network.
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "TMPDIR": str(work),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    script = Path(__file__).with_name("hub_transformers.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(work / "spec.json"), str(work / "out.npz")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    with np.load(work / "out.npz") as out:
+        return {k: out[k] for k in out.files}

@@ -1,11 +1,13 @@
-"""GPTQ checkpoints (4-bit, `checkpoint_format: "gptq"`) into `GPTQLinear`, against the format's
-definition: the checkpoints are packed here as AutoGPTQ's `QuantLinear.pack`
-(auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py) and GPTQModel's `pack` define it (read, not
-copied: qweight eight levels an int32 along the input axis, level `8i + j` in bits `4j`; qzeros
-the zero points minus one, packed along the output axis; scales float16; g_idx the group of each
-input), and dequantised as their torch kernel does, `scales[g_idx] * (q - (zeros + 1))` in the
-scales' float16. (GPTQModel installs only from source with CUDA extensions, and transformers'
-GPTQ loader needs it, so the reference is the format's definition, computed with torch.)"""
+"""GPTQ checkpoints (4-bit, `checkpoint_format` "gptq" and "gptq_v2") into `GPTQLinear`, and
+treemod's `Int4Linear` saved as GPTQ, against the format's definition: the checkpoints are
+packed here as AutoGPTQ's `QuantLinear.pack` (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py)
+and GPTQModel's `pack` define it (read, not copied: qweight eight levels an int32 along the
+input axis, level `8i + j` in bits `4j`; qzeros the zero points, minus one in "gptq" (v1) and
+as they are in "gptq_v2", packed along the output axis; scales float16; g_idx the group of each
+input), and dequantised as their torch kernel does, `scales[g_idx] * (q - zeros)` in the
+scales' float16. What treemod saves is loaded by `transformers` with GPT-QModel's torch kernel
+(in a fresh interpreter: `hub_checks.transformers_outputs`), whose dequantised weights and
+float16 logits it is compared with."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hub_checks import assert_refused, quantization_configs
+from hub_checks import assert_refused, quantization_configs, transformers_outputs
 
+import treemod as tm
 import treemod.quant as quant
-from treemod.models import from_pretrained
+from treemod.models import LlamaForCausalLM, from_pretrained, save_pretrained
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +54,17 @@ def _quantise(w: np.ndarray, g_idx: np.ndarray, sym: bool) -> tuple[Any, Any, An
         zeros[g] = 8 if sym else np.round(-low / scales[g].astype(np.float32))
     s, z = scales[g_idx].astype(np.float32), zeros[g_idx]  # (in, out)
     q = np.clip(np.round(w.T / s) + z, 0, 15).astype(np.int64)
-    assert (zeros >= 1).all()  # the "gptq" format stores zero - 1
     return q, scales, zeros
 
 
-def _pack(q: np.ndarray, zeros: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """qweight `(in / 8, out)` and qzeros `(groups, out / 8)`, int32, as GPTQ's `pack`."""
+def _pack(q: np.ndarray, zeros: np.ndarray, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """qweight `(in / 8, out)` and qzeros `(groups, out / 8)`, int32, as GPTQ's `pack`; the
+    zero points stored minus `offset` (1 in "gptq", 0 in "gptq_v2")."""
     qweight = np.zeros((q.shape[0] // 8, q.shape[1]), np.uint32)
     for j in range(8):
         qweight |= q[j::8].astype(np.uint32) << np.uint32(4 * j)
-    stored = (zeros - 1).astype(np.uint32)
+    assert (zeros >= offset).all()  # "gptq" cannot store a zero point of 0
+    stored = (zeros - offset).astype(np.uint32)
     qzeros = np.zeros((zeros.shape[0], zeros.shape[1] // 8), np.uint32)
     for j in range(8):
         qzeros |= stored[:, j::8] << np.uint32(4 * j)
@@ -74,11 +79,16 @@ def _reference(q: Any, scales: Any, zeros: Any, g_idx: Any, dtype: Any) -> Any:
     return (torch.from_numpy(scales).to(dtype)[g] * (q_t - z_t[g])).T.contiguous()
 
 
-@pytest.fixture(scope="module", params=[(False, False), (True, True)], ids=["asym", "sym-desc"])
-def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A random Llama saved by transformers, its decoder projections GPTQ-packed."""
-    sym, desc_act = request.param
-    root = tmp_path_factory.mktemp("gptq")
+CASES = {  # name: (sym, desc_act, checkpoint_format)
+    "asym": (False, False, "gptq"),
+    "sym-desc": (True, True, "gptq"),
+    "asym-v2": (False, False, "gptq_v2"),
+}
+
+
+def _build(root: Path, sym: bool, desc_act: bool, form: str) -> dict[str, Any]:
+    """A random Llama saved by transformers, its decoder projections GPTQ-packed; in "gptq_v2"
+    each projection's first group is non-negative, so its zero points are 0."""
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -97,8 +107,11 @@ def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
                 g_idx = np.arange(n_in) // GROUP
                 if desc_act:  # act-order: the groups are taken in a permuted order of inputs
                     g_idx = g_idx[rng.permutation(n_in)]
+                if form == "gptq_v2":
+                    w[:, g_idx == 0] = np.abs(w[:, g_idx == 0])
                 q, scales, zeros = _quantise(w, g_idx.astype(np.int32), sym)
-                qweight, qzeros = _pack(q, zeros)
+                assert form == "gptq" or (zeros[0] == 0).all()
+                qweight, qzeros = _pack(q, zeros, 1 if form == "gptq" else 0)
                 state |= {f"{p}.qweight": torch.from_numpy(qweight),
                           f"{p}.qzeros": torch.from_numpy(qzeros),
                           f"{p}.scales": torch.from_numpy(scales),
@@ -111,7 +124,7 @@ def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     config_json["architectures"] = ["LlamaForCausalLM"]
     config_json["quantization_config"] = {
         "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": desc_act,
-        "sym": sym, "checkpoint_format": "gptq", "damp_percent": 0.01,
+        "sym": sym, "checkpoint_format": form, "damp_percent": 0.01,
         "true_sequential": True, "static_groups": False,
     }  # fmt: skip
     (root / "config.json").write_text(json.dumps(config_json))
@@ -121,6 +134,16 @@ def checkpoint(request: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             "scales", "g_idx"))}, **{f"{p}.weight": w for p, w in exact.items()}}
     )  # fmt: skip
     return {"path": root, "dequantised": dequantised, "float": float_model.eval()}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {name: _build(tmp_path_factory.mktemp(name), *c) for name, c in CASES.items()}
+
+
+@pytest.fixture(params=list(CASES))
+def checkpoint(request: Any, checkpoints: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"name": request.param, **checkpoints[request.param]}
 
 
 def _layer(model: Any, i: int, part: str, proj: str) -> Any:
@@ -140,6 +163,7 @@ def test_gptq_layers_hold_the_packed_arrays_and_dequantise_as_the_format(
                 p = f"model.layers.{i}.{part}.{proj}"
                 layer = _layer(model, i, part, proj)
                 assert type(layer) is quant.GPTQLinear
+                assert layer.zero_offset == (1 if checkpoint["name"] != "asym-v2" else 0)
                 for field in ("qweight", "qzeros", "scales", "g_idx"):
                     assert np.array_equal(np.asarray(getattr(layer, field)),
                                           stored[f"{p}.{field}"].numpy())  # fmt: skip
@@ -165,7 +189,8 @@ def test_gptq_options_treemod_does_not_read_are_refused_by_name(
     src = checkpoint["path"]
     for i, (change, word) in enumerate([
         ({"bits": 8}, "quantization_config.bits=8"),
-        ({"checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
+        ({"checkpoint_format": "marlin"}, "quantization_config.checkpoint_format='marlin'"),
+        ({"checkpoint_format": None, "format": "bitblas"}, "quantization_config.format='bitblas'"),
         ({"group_size": -1}, "group_size=-1"),
         ({"quant_method": "hqq"}, "quant_method='hqq'"),
     ]):  # fmt: skip
@@ -175,8 +200,6 @@ def test_gptq_options_treemod_does_not_read_are_refused_by_name(
 def test_gptq_checkpoints_save_back_byte_for_byte(
     checkpoint: dict[str, Any], tmp_path: Path
 ) -> None:
-    from treemod.models import save_pretrained
-
     save_pretrained(from_pretrained(checkpoint["path"]), tmp_path)
     ours, theirs = quantization_configs(tmp_path, checkpoint["path"])
     assert ours == theirs
@@ -185,7 +208,7 @@ def test_gptq_checkpoints_save_back_byte_for_byte(
 def test_gptq_layers_without_their_quantization_config_are_not_saved(
     checkpoint: dict[str, Any], tmp_path: Path
 ) -> None:
-    from treemod.models import PretrainedConfig, save_pretrained
+    from treemod.models import PretrainedConfig
 
     model = from_pretrained(checkpoint["path"])
     bare = object.__new__(type(model))  # the same model, its config without the quantisation
@@ -194,3 +217,181 @@ def test_gptq_layers_without_their_quantization_config_are_not_saved(
     with pytest.raises(ValueError, match=r"GPTQLinear layers \(e\.g\. 'model\.layers\.0\.") as e:
         save_pretrained(bare, tmp_path)
     assert "quant_method='gptq'" in str(e.value) and "dequantise" in str(e.value)
+
+
+# treemod's own int4 (`Int4Linear`) saved as GPTQ.
+LLAMA = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+LINEARS = [proj for names in PROJ.values() for proj in names]
+
+
+def _int4_model(non_negative: bool) -> Any:
+    """A random treemod Llama (float32) quantised to int4; with `non_negative` its `q_proj`
+    weights are made non-negative first, so their zero points are 0."""
+    model = LlamaForCausalLM.from_config(LLAMA, key=jax.random.key(0))
+    if non_negative:
+        q = model.model.layers.layers.self_attn.q_proj
+        model = tm.tree_at(lambda m: m.model.layers.layers.self_attn.q_proj.weight, model,
+                           jnp.abs(q.weight))  # fmt: skip
+    return quant.quantise(model, LINEARS, "int4", group_size=GROUP)
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Int4 models and the directories `save_pretrained` wrote for them: "gptq" (every zero
+    point at least 1) and "gptq_v2" (`q_proj`'s zero points 0)."""
+    out = {}
+    for form, non_negative in (("gptq", False), ("gptq_v2", True)):
+        model = _int4_model(non_negative)
+        path = tmp_path_factory.mktemp(f"int4-{form}")
+        save_pretrained(model, path)
+        out[form] = {"model": model, "path": path}
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(
+    checkpoints: dict[str, dict[str, Any]],
+    int4: dict[str, dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """`transformers`' float16 logits and first `q_proj` for the directories treemod saves: each
+    GPTQ checkpoint loaded and saved again, and each int4 model saved."""
+    dirs = {f"int4-{form}": entry["path"] for form, entry in int4.items()}
+    for name, entry in checkpoints.items():
+        dirs[name] = tmp_path_factory.mktemp(f"saved-{name}")
+        save_pretrained(from_pretrained(entry["path"]), dirs[name])
+    out = transformers_outputs(dirs, IDS, tmp_path_factory.mktemp("transformers"))
+    return {"dirs": dirs, "out": out}
+
+
+def _against_transformers(reference: dict[str, Any], name: str) -> None:
+    """treemod's float16 model from `name`'s saved directory against `transformers`': the first
+    `q_proj`'s dequantised weights bit for bit (both dequantise in the float16 scales' dtype),
+    and the logits within 8 float16 ulps of their largest magnitude (each side rounds every
+    matmul, norm and activation to float16, in its own order of summation)."""
+    out = reference["out"]
+    assert str(out[f"{name}.class"]) == "TorchLinear"  # GPT-QModel's GPTQ kernel was used
+    model = from_pretrained(reference["dirs"][name], dtype=jnp.float16)
+    got = np.asarray(_layer(model, 0, "self_attn", "q_proj").dequantised_weight())
+    assert np.array_equal(got.astype(np.float32), out[f"{name}.q_proj"])
+    want = out[f"{name}.logits"]
+    logits = np.asarray(model(input_ids=jnp.asarray(IDS)).astype(jnp.float32))
+    ulp = float(np.spacing(np.float16(np.abs(want).max())))
+    np.testing.assert_allclose(logits, want, rtol=0, atol=8 * ulp)
+
+
+@pytest.mark.heavy
+def test_transformers_loads_the_gptq_checkpoints_treemod_saves(
+    checkpoint: dict[str, Any], reference: dict[str, Any]
+) -> None:
+    _against_transformers(reference, checkpoint["name"])
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+def test_transformers_loads_int4_models_saved_as_gptq(form: str, reference: dict[str, Any]) -> None:
+    _against_transformers(reference, f"int4-{form}")
+
+
+@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+def test_int4_models_save_as_the_gptq_format(form: str, int4: dict[str, Any]) -> None:
+    model, path = int4[form]["model"], int4[form]["path"]
+    qconfig = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert qconfig == {
+        "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
+        "sym": False, "checkpoint_format": form, "format": form,
+        "block_name_to_quantize": "model.layers",
+        "modules_in_block_to_quantize": [sorted(f"{part}.{proj}" for part, names in PROJ.items()
+                                                for proj in names)],
+    }  # fmt: skip
+    stored = safetensors_torch.load_file(path / "model.safetensors")
+    assert "lm_head.weight" in stored and stored["lm_head.weight"].dtype == torch.float32
+    for i in range(2):
+        for part, names in PROJ.items():
+            for proj in names:
+                p = f"model.layers.{i}.{part}.{proj}"
+                layer = _layer(model, i, part, proj)
+                assert type(layer) is quant.Int4Linear and f"{p}.weight" not in stored
+                packed = np.asarray(layer.weight)  # (out, in / 2), column 2j in the low nibble
+                levels = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int64)
+                levels[:, 0::2], levels[:, 1::2] = packed & 15, packed >> 4
+                zeros = np.asarray(layer.zeros).T.astype(np.int64)  # (groups, out)
+                qweight, qzeros = _pack(levels.T, zeros, 1 if form == "gptq" else 0)
+                g_idx = (np.arange(levels.shape[1]) // GROUP).astype(np.int32)
+                scales = np.asarray(layer.scales).T.astype(np.float16)
+                want = {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
+                for field, value in want.items():
+                    got = stored[f"{p}.{field}"].numpy()
+                    assert got.dtype == value.dtype and np.array_equal(got, value), (p, field)
+    zeros = np.asarray(model.model.layers.layers.self_attn.q_proj.zeros)
+    assert (zeros == 0).any() == (form == "gptq_v2")
+
+
+@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+def test_int4_models_reload_as_gptq_within_float16_scale_rounding(
+    form: str, int4: dict[str, Any]
+) -> None:
+    model, path = int4[form]["model"], int4[form]["path"]
+    loaded = from_pretrained(path)  # float32, the model's dtype
+    worst = 0.0
+    for i in range(2):
+        for part, names in PROJ.items():
+            for proj in names:
+                ours = _layer(model, i, part, proj)
+                layer = _layer(loaded, i, part, proj)
+                assert type(layer) is quant.GPTQLinear
+                assert layer.zero_offset == (1 if form == "gptq" else 0)
+                w = np.asarray(ours.dequantised_weight())
+                got = np.asarray(layer.dequantised_weight())
+                # Exactly the int4 levels and zero points over the float16-rounded scales.
+                scales = np.asarray(ours.scales).astype(np.float16).astype(np.float32)
+                centred = w / np.repeat(np.asarray(ours.scales), GROUP, axis=1)
+                np.testing.assert_array_equal(got, np.round(centred) *
+                                              np.repeat(scales, GROUP, axis=1))  # fmt: skip
+                # float16 keeps 11 significant bits: each weight moves by at most 2^-11 of it.
+                error = np.abs(got - w) / np.maximum(np.abs(w), np.finfo(np.float32).tiny)
+                assert error.max() <= 2.0**-11
+                worst = max(worst, float(error.max()))
+    assert worst > 0  # the rounding is there, not skipped
+    # Every weight within 2^-11 of itself moves the logits by less than 2^-11 of their largest
+    # magnitude (measured: 1.7e-4 of 0.61).
+    want = np.asarray(model(input_ids=jnp.asarray(IDS)))
+    logits = np.asarray(loaded(input_ids=jnp.asarray(IDS)))
+    np.testing.assert_allclose(logits, want, rtol=0, atol=2.0**-11 * np.abs(want).max())
+
+
+def test_int4_models_gptq_cannot_hold_are_refused_by_name(tmp_path: Path) -> None:
+    from treemod.quant._gptq import gptq_from_int4
+
+    model = LlamaForCausalLM.from_config(LLAMA, key=jax.random.key(0))
+    q = model.model.layers.layers.self_attn.q_proj
+    huge = tm.tree_at(lambda m: m.model.layers.layers.self_attn.q_proj.weight, model,
+                      q.weight * 1e8)  # fmt: skip
+    twice = quant.quantise(quant.quantise(model, ["q_proj"], "int4", group_size=GROUP),
+                           ["k_proj"], "int4", group_size=2 * GROUP)  # fmt: skip
+    mixed = quant.quantise(quant.quantise(model, ["q_proj"], "int4", group_size=GROUP),
+                           ["k_proj"], "nf4")  # fmt: skip
+    odd = LlamaForCausalLM.from_config({**LLAMA, "intermediate_size": 100},
+                                       key=jax.random.key(0))  # fmt: skip
+    for i, (bad, words) in enumerate([
+        (quant.quantise(model, ["q_proj", "lm_head"], "int4", group_size=GROUP),
+         ["int4 layer 'lm_head' is outside", "model.layers", "lm_head float"]),
+        (twice, ["group sizes [32, 64]", "'model.layers.0.self_attn.q_proj'", "one group_size"]),
+        (quant.quantise(huge, ["q_proj"], "int4", group_size=GROUP),
+         ["'model.layers.0.self_attn.q_proj' has scales beyond float16's range"]),
+        (quant.quantise(odd, ["down_proj"], "int4", group_size=4),
+         ["'model.layers.0.mlp.down_proj' is 64x100", "multiples of 8"]),
+        (mixed, ["Int4Linear and NF4Linear", "one scheme", "dequantise"]),
+    ]):  # fmt: skip
+        with pytest.raises(ValueError) as info:
+            save_pretrained(bad, tmp_path / str(i))
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+    # A name in some blocks only cannot come from a zoo model (a Stack's layers share one
+    # structure), so the check is called as save_pretrained calls it.
+    layer = _layer(quant.quantise(model, ["q_proj"], "int4", group_size=GROUP), 0,
+                   "self_attn", "q_proj")  # fmt: skip
+    with pytest.raises(ValueError, match=r"'model\.layers\.1\.self_attn\.q_proj' is float"):
+        gptq_from_int4({"model.layers.0.self_attn.q_proj": layer},
+                       ["model.layers.1.self_attn.q_proj"])  # fmt: skip

@@ -5,7 +5,8 @@ Loading reads the stored arrays into treemod's quantised layers as they are (no 
 the float model's selected `Linear`s become quantised layers of the stored shapes, and the
 checkpoint is shown to the loader under those layers' field names (`hub_loader`). Saving
 renames the layers' arrays to what `transformers` writes and gives the `quantization_config`
-(`hub_save`). The formats: `_hub_bitsandbytes.py`.
+(`hub_save`). The formats: `_hub_bitsandbytes.py`, `_gptq.py` (int4 layers are saved as GPTQ),
+`_awq.py`, `_compressed_tensors.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from treemod.nn import Linear
 
 from ._awq import awq_config, awq_layers, awq_skeleton_layer
 from ._compressed_tensors import packed_config, packed_layers, packed_skeleton_layer
-from ._gptq import gptq_config, gptq_layers, gptq_skeleton_layer
+from ._gptq import gptq_config, gptq_from_int4, gptq_layers, gptq_skeleton_layer
 from ._hub_bitsandbytes import (
     bnb_config,
     bnb_layers,
@@ -38,8 +39,8 @@ __all__ = ["hub_loader", "hub_save", "quantised_layers"]
 C = TypeVar("C")
 SUPPORTED = (
     "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit) and 'gptq' "
-    "(bits=4, checkpoint_format='gptq') and 'compressed-tensors' (format='pack-quantized', int4 "
-    "or int8 weights) and 'awq' (bits=4, version='gemm')"
+    "(bits=4, checkpoint_format='gptq' or 'gptq_v2') and 'compressed-tensors' "
+    "(format='pack-quantized', int4 or int8 weights) and 'awq' (bits=4, version='gemm')"
 )
 
 
@@ -139,7 +140,7 @@ def _replace_layers(
 
 def _gptq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any], Any], C]:
     """`hub_loader` for GPTQ: the layers' fields are the file's names, so no view is needed."""
-    gptq_config(qconfig, where)
+    _, zero_offset = gptq_config(qconfig, where)
     layers = gptq_layers(checkpoint.tensors)  # type: ignore[attr-defined]
     if not layers:
         raise CheckpointError(
@@ -148,7 +149,7 @@ def _gptq_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any
 
     def convert(model: Any) -> Any:
         def make(node: Any, name: str) -> Any:
-            return gptq_skeleton_layer(node, name, layers[name], where)
+            return gptq_skeleton_layer(node, name, layers[name], zero_offset, where)
 
         return _replace_layers(model, set(layers), make, where)
 
@@ -251,10 +252,23 @@ def _stored_save(
     return out, dict(qconfig), float_names
 
 
+def _int4_save(
+    model: Any, named: Mapping[str, Any], layers: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
+    """`hub_save` for treemod's int4 layers: GPTQ's tensors and config (`gptq_from_int4`)."""
+    tensors, qconfig = gptq_from_int4(layers, _floats(model))
+    own = {f"{p}.{field}" for p in layers for field in ("weight", "scales", "zeros")}
+    out = {name: value for name, value in named.items() if name not in own}
+    float_names = set(out) | {f"{p}.weight" for p in layers}
+    return out | tensors, qconfig, float_names
+
+
 def hub_save(
     model: Any, named: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
-    """The tensors and `quantization_config` `transformers` writes for `model`.
+    """The tensors and `quantization_config` `transformers` writes for `model`: bitsandbytes'
+    for NF4 and int8 layers, GPTQ's for int4 ones (`gptq_from_int4`), and a loaded GPTQ, AWQ
+    or compressed-tensors checkpoint's own.
 
     Arguments:
         model: the model (with or without quantised layers).
@@ -266,9 +280,10 @@ def hub_save(
         (for the structure check).
 
     Raises:
-        ValueError: int4 layers (no `transformers` format written), NF4 and int8 layers in one
-            model, or GPTQ / AWQ / compressed-tensors layers without the `quantization_config`
-            they were loaded with; the message names a layer and what to do.
+        ValueError: layers of two schemes in one model, int4 layers GPTQ cannot hold as they
+            are (see `gptq_from_int4`), or GPTQ / AWQ / compressed-tensors layers without the
+            `quantization_config` they were loaded with; the message names a layer and what to
+            do.
     """
     layers = quantised_layers(model)
     if not layers:
@@ -276,13 +291,15 @@ def hub_save(
     kinds = {type(layer).__name__ for layer in layers.values()}
     if len(kinds) == 1 and next(iter(kinds)) in STORED:
         return _stored_save(model, named, layers, STORED[next(iter(kinds))])
+    if kinds == {"Int4Linear"}:
+        return _int4_save(model, named, layers)
     if not kinds <= {"NF4Linear", "Int8Linear"} or len(kinds) > 1:
         other = (n for n, v in layers.items() if not isinstance(v, NF4Linear | Int8Linear))
         first = next(other, next(iter(layers)))
         raise ValueError(
             f"save_pretrained: the model holds {' and '.join(sorted(kinds))} layers (e.g. "
-            f"{first!r}); transformers' bitsandbytes format holds one of NF4 and int8. "
-            "Quantise with one scheme, or treemod.quant.dequantise(model) first."
+            f"{first!r}); a checkpoint holds one scheme (NF4 or int8: bitsandbytes' format, "
+            "int4: GPTQ's). Quantise with one scheme, or treemod.quant.dequantise(model) first."
         )
     out: dict[str, Any] = {}
     float_names: set[str] = set()
