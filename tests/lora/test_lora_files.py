@@ -163,7 +163,7 @@ def test_a_save_that_fails_midway_leaves_the_old_adapter_whole(
         raise full
 
     if where == "weights writer":
-        import treemod.lora._files as files
+        import treemod.lora._adapter_save as files
 
         monkeypatch.setattr(files, "write_tensors", raise_full)
     elif where == "config writer":

@@ -8,6 +8,8 @@ and per host:
   tracemalloc's peak during the load (the host copies it made);
 - `save_pretrained` of that model: every process writes its own shards into one file; the
   bytes it wrote and tracemalloc's peak;
+- `save_adapter` of LoRA adapters split over the 8 devices: every process writes its shards
+  into one file;
 - Orbax: the model and an Adam state (after one update) under `fsdp_rules` and under
   `fsdp_tp_rules`, saved by both processes; every leaf gathered whole, for the test process to
   compare with what it restores onto 1, 2 and 4 devices.
@@ -29,6 +31,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import treemod as tm
+import treemod.lora as lora
+from treemod._state_dict.layers import NATIVE_HOOKS
+from treemod._state_dict.walk import name_tensors
 from treemod.models import LlamaForCausalLM, _pretrained_load, _pretrained_save, from_pretrained
 from treemod.models import save_pretrained as _save_pretrained
 from treemod.models._files import Checkpoint
@@ -131,8 +136,56 @@ def everything(checkpoint: str, folder: str) -> dict[str, Any]:
     _save_pretrained(model, os.path.join(folder, "files"), max_shard_size="300KB")
 
     out.update(_different_paths(model, folder))
+    out.update(_adapter_save(model, mesh, folder))
     out.update(_orbax_save(model, folder))
     out["seconds"] = time.perf_counter() - started
+    return out
+
+
+def adapters(model: LlamaForCausalLM) -> Any:
+    """LoRA on two projections with random A and B (the same on every process and in the
+    test)."""
+    tuned = lora.add_lora(model, ["q_proj", "down_proj"], r=2, alpha=4, key=jax.random.key(7))
+    keys = iter(jax.random.split(jax.random.key(5), 100))
+
+    def b(layer: Any) -> Any:
+        # A and B drawn here: add_lora's own init of A may differ in the last bit when the
+        # base weight is split across processes.
+        a_shape, b_shape = layer.lora_A.weight.shape, layer.lora_B.weight.shape
+        return tm.tree_at(
+            lambda m: (m.lora_A.weight, m.lora_B.weight),
+            layer,
+            (jax.random.normal(next(keys), a_shape), jax.random.normal(next(keys), b_shape)),
+        )
+
+    with tm.shape_checks(False):  # a Stack's LoRA layer holds stacked arrays
+        return jax.tree.map(
+            lambda x: b(x) if lora.is_lora_layer(x) else x, tuned, is_leaf=lora.is_lora_layer
+        )
+
+
+def _adapter_save(model: LlamaForCausalLM, mesh: Mesh, folder: str) -> dict[str, Any]:
+    """The adapters (made on each process alike) split FSDP-style over both processes, then
+    saved by both."""
+    where = _fsdp(mesh)
+
+    def place(x: Any) -> Any:
+        if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+            return x  # the base model's arrays, already split
+        host = np.asarray(x)
+        sharding = where("", x.shape, x.dtype)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
+
+    tuned = jax.tree.map(place, adapters(model))
+    lora.save_adapter(tuned, os.path.join(folder, "adapter"))
+    named = name_tensors(tuned, NATIVE_HOOKS)
+    out: dict[str, Any] = {}
+    for name, value in named.items():
+        if ".lora_" in name:
+            out[f"adapter/spans:{name}"] = not value.is_fully_addressable
+            out[f"adapter:{name}"] = np.asarray(
+                multihost_utils.process_allgather(value, tiled=True)
+            )
     return out
 
 

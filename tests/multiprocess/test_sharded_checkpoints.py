@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import treemod as tm
+import treemod.lora as lora
 from multiprocess.conftest import Launch
 from treemod.models import from_pretrained, save_pretrained
 
@@ -109,6 +110,24 @@ def test_save_pretrained_across_processes_equals_the_one_device_file(
     with torch.no_grad():
         logits = reloaded(torch.tensor(IDS)).logits.numpy()
     np.testing.assert_array_equal(logits, hf_logits)
+
+
+def test_save_adapter_across_processes_equals_the_one_device_files(
+    run: Results, checkpoint: tuple[Path, np.ndarray], folder: Path, tmp_path: Path
+) -> None:
+    from multiprocess.sharded import adapters
+
+    spans = {k: bool(v) for k, v in run[0].items() if k.startswith("adapter/spans:")}
+    assert len(spans) == 8 and all(spans.values())  # A and B of 2 projections in 2 layers
+    # The same arrays on one device (the processes' gathered values: a random draw may differ
+    # in the last bit between the two set-ups).
+    values = {k.split(":", 1)[1]: v for k, v in run[0].items() if k.startswith("adapter:")}
+    one, _ = tm.load_state_dict(adapters(from_pretrained(checkpoint[0])), values, strict=False)
+    lora.save_adapter(one, tmp_path)
+    names = sorted(p.name for p in (folder / "adapter").iterdir())
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]  # no temporaries
+    for name in names:
+        assert (folder / "adapter" / name).read_bytes() == (tmp_path / name).read_bytes(), name
 
 
 def test_processes_given_different_paths_are_told_and_leave_no_file(

@@ -5,7 +5,8 @@ adapters from the frozen weights; `merge`, `unmerge` and `unload` fold them in a
 out; `save_adapter` and `load_adapter` read and write PEFT's adapter directories.
 """
 
-from treemod.lora._files import load_adapter, save_adapter
+from treemod.lora._adapter_save import save_adapter
+from treemod.lora._files import load_adapter
 from treemod.lora._layers import LoRAConv, LoRALayer, LoRALinear
 from treemod.lora._merge import is_lora_layer, merge, trainable, unload, unmerge
 from treemod.lora._select import add_lora, matches_target

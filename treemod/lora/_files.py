@@ -1,4 +1,5 @@
-"""PEFT's adapter directories: `adapter_config.json` + `adapter_model.safetensors`."""
+"""PEFT's adapter directories (`adapter_config.json` + `adapter_model.safetensors`): their
+names and `load_adapter`."""
 
 from __future__ import annotations
 
@@ -7,33 +8,27 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from treemod._saving.atomic_file import replace_set_atomically
 from treemod._saving.errors import CheckpointError
 from treemod._saving.safetensors_files import TensorFiles
-from treemod._saving.safetensors_write import write_tensors
-from treemod._state_dict.api import load_state_dict, state_dict
+from treemod._state_dict.api import load_state_dict
 from treemod._state_dict.layers import NATIVE_HOOKS
 from treemod._state_dict.walk import expected_tensors
 
-from ._layers import LoRALayer, LoRALinear
+from ._layers import LoRALayer
 from ._merge import is_lora_layer
 from ._modules_to_save import (
-    TASK_HEADS,
-    default_modules,
     module_tensors,
     saved_modules,
-    task_type_of,
 )
 from ._select import rewrite_named, wrap_targets
 
-__all__ = ["load_adapter", "save_adapter"]
+__all__ = ["CONFIG", "PREFIX", "WEIGHTS", "adapted_layers", "is_adapter_tensor", "load_adapter"]
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -61,7 +56,7 @@ _REQUIRED: dict[str, Any] = {
 }
 
 
-def _adapted(model: Any) -> dict[str, LoRALayer]:
+def adapted_layers(model: Any) -> dict[str, LoRALayer]:
     found: dict[str, LoRALayer] = {}
 
     def visit(node: Any, name: str) -> Any:
@@ -74,118 +69,11 @@ def _adapted(model: Any) -> dict[str, LoRALayer]:
     return found
 
 
-def _is_adapter(name: str, layers: dict[str, LoRALayer]) -> bool:
+def is_adapter_tensor(name: str, layers: dict[str, LoRALayer]) -> bool:
     """Whether `name` is an adapter tensor (`<layer>.lora_A.weight`) of one of `layers`; names
     with fewer parts (a model's top-level `logit_scale`) are not."""
     parts = name.rsplit(".", 2)
     return len(parts) == 3 and f".{parts[1]}." in _PARTS and parts[0] in layers
-
-
-def _one(values: set[Any], what: str) -> Any:
-    if len(values) != 1:
-        raise ValueError(
-            f"save_adapter: the model's LoRA layers differ in {what} ({sorted(map(str, values))}); "
-            "PEFT's adapter_config.json holds one value (per-layer ranks are not written)."
-        )
-    return values.pop()
-
-
-def save_adapter(
-    model: Any,
-    path: str | os.PathLike[str],
-    *,
-    base_model_name_or_path: str | None = None,
-    task_type: str | None = None,
-    modules_to_save: Sequence[str] | None = None,
-) -> None:
-    """Write the model's adapters as PEFT does (`PeftModel.save_pretrained`): a directory with
-    `adapter_config.json` and `adapter_model.safetensors`, tensors named
-    `base_model.model.<module name>.lora_A.weight` / `.lora_B.weight` in PyTorch's layout, so
-    `peft.PeftModel.from_pretrained(hf_model, path)` loads them.
-
-    `target_modules` is written as the list of the adapted modules' full names (PEFT selects
-    exactly those). The modules trained whole (`modules_to_save`, PEFT's name) are written
-    with all their tensors, `base_model.model.<module name>.weight`, as PEFT writes them.
-
-    Arguments:
-        model: a model with LoRA layers (`add_lora`), not merged.
-        path: the directory (created if needed).
-        base_model_name_or_path: recorded in the config, as PEFT does.
-        task_type: PEFT's `task_type` (`"CAUSAL_LM"`, `"SEQ_CLS"`, ...); default: the zoo
-            model's (`PretrainedModel.peft_task_type`), else none.
-        modules_to_save: modules saved whole (trained with `trainable(model,
-            modules_to_save)`), each selected by a name or the end of one; default: the head
-            PEFT saves for the task type (`classifier` or `score` for `SEQ_CLS` and
-            `TOKEN_CLS`), else none; `[]` for none.
-
-    Example:
-        >>> import jax, tempfile, os, treemod.nn as nn, treemod.lora as lora
-        >>> mlp = nn.Sequential([nn.Linear(4, 4, key=jax.random.key(0))])
-        >>> tuned = lora.add_lora(mlp, ["0"], r=2, alpha=2, key=jax.random.key(1))
-        >>> d = tempfile.mkdtemp(); lora.save_adapter(tuned, d)
-        >>> sorted(os.listdir(d))
-        ['adapter_config.json', 'adapter_model.safetensors']
-    """
-    layers = _adapted(model)
-    if not layers:
-        raise ValueError("save_adapter: the model has no LoRA layers (add them with add_lora).")
-    merged = [n for n, m in layers.items() if m.merged]
-    if merged:
-        raise ValueError(
-            f"save_adapter: the LoRA layers {merged[:3]} are merged into their weights; call "
-            "treemod.lora.unmerge(model) first (a merged model would load with the update twice)."
-        )
-    task_type = task_type or task_type_of(model)
-    if modules_to_save is None:
-        modules_to_save = default_modules(model, task_type)
-        whole = saved_modules(model, modules_to_save or [], "save_adapter", each_must_match=False)
-    else:
-        modules_to_save = list(modules_to_save)
-        whole = saved_modules(model, modules_to_save, "save_adapter")
-    heads = saved_modules(model, TASK_HEADS.get(task_type or "", ()), "", each_must_match=False)
-    if set(heads) - set(whole):
-        raise ValueError(
-            f"save_adapter: task_type {task_type!r} adapters hold the heads {sorted(heads)} "
-            "whole (PEFT's loader reads it from the file, and fails without it); keep the "
-            "default modules_to_save, or pass task_type=... of another task."
-        )
-    named = state_dict(model)
-    kept = set(module_tensors(list(named), list(whole)))
-    tensors = {
-        PREFIX + name: value
-        for name, value in named.items()
-        if _is_adapter(name, layers) or name in kept
-    }
-    fan = {isinstance(m, LoRALinear) and m.fan_in_fan_out for m in layers.values()}
-    config = {
-        "peft_type": "LORA",
-        "task_type": task_type,
-        "base_model_name_or_path": base_model_name_or_path,
-        "inference_mode": True,
-        "r": _one({m.r for m in layers.values()}, "r"),
-        "lora_alpha": _one({m.lora_alpha for m in layers.values()}, "lora_alpha"),
-        "lora_dropout": _one({float(m.lora_dropout.p) for m in layers.values()}, "lora_dropout"),
-        "use_rslora": _one({m.use_rslora for m in layers.values()}, "use_rslora"),
-        "fan_in_fan_out": True in fan,
-        "target_modules": sorted(layers),
-        "bias": "none",
-        "init_lora_weights": True,
-        "modules_to_save": modules_to_save or None,
-        "use_dora": False,
-    }
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    items, meta, caller = list(tensors.items()), {"format": "pt"}, "save_adapter"
-    # Config and weights are written as a set: both to temporaries first, then renamed, so a
-    # failure (a full disk) leaves the old adapter whole (see atomic_file.py).
-    replace_set_atomically(
-        [
-            (str(out / CONFIG), lambda tmp: Path(tmp).write_text(text)),
-            (str(out / WEIGHTS), lambda tmp: write_tensors(tmp, items, meta, caller)),
-        ],
-        caller="save_adapter",
-    )
 
 
 def _bad(file: Path, key: str, value: Any, want: str) -> CheckpointError:
@@ -394,7 +282,7 @@ def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool
     outside = sorted(k for k in shapes if not k.startswith(PREFIX))
     found = {k[len(PREFIX) :]: v for k, v in shapes.items() if k.startswith(PREFIX)}
     _check_ranks(weights, found, config["r"], file)
-    if _adapted(model):
+    if adapted_layers(model):
         model = _take_config(model, config, file)
     else:
         try:
@@ -454,7 +342,7 @@ def load_adapter(model: Any, path: str | os.PathLike[str], *, is_trainable: bool
         if found[n] != s
     ]
     if wrong:
-        ranks = sorted({m.r for m in _adapted(model).values()})
+        ranks = sorted({m.r for m in adapted_layers(model).values()})
         raise CheckpointError(
             f"load_adapter: {weights} does not fit the model's adapters (the file's rank is "
             f"{config['r']}, the model's {ranks if len(ranks) > 1 else ranks[0]}): "
