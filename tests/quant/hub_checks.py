@@ -62,8 +62,9 @@ def transformers_outputs(
     weight, float32 `(out, in)`), from one fresh interpreter running `hub_transformers.py`.
 
     GPT-QModel patches `safetensors`' and `transformers`' globals when imported, so it never
-    runs in the test process. Without it the calling test is skipped, or fails under CI (set
-    `CI`), where the newest end installs it (the Makefile's `REFERENCE_LOADERS`)."""
+    runs in the test process. Without it a GPTQ or AWQ checkpoint's test is skipped, or fails
+    under CI (set `CI`), where the newest end installs it (the Makefile's
+    `REFERENCE_LOADERS`)."""
     import importlib.util
     import os
     import subprocess
@@ -72,7 +73,11 @@ def transformers_outputs(
     import numpy as np
     import pytest
 
-    if importlib.util.find_spec("gptqmodel") is None:
+    methods = {
+        json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"]
+        for path in checkpoints.values()
+    }
+    if methods & {"gptq", "awq"} and importlib.util.find_spec("gptqmodel") is None:
         message = "gptqmodel is not installed (make installs it on the newest end)"
         if os.environ.get("CI"):
             pytest.fail(f"{message}; CI runs the transformers reference, so install it.")
@@ -93,3 +98,35 @@ def transformers_outputs(
     assert done.returncode == 0, done.stderr[-4000:]
     with np.load(work / "out.npz") as out:
         return {k: out[k] for k in out.files}
+
+
+def first_q_proj(model: Any) -> Any:
+    """The first decoder layer's `self_attn.q_proj` of a treemod Llama (its `Stack` sliced)."""
+    layer = model.model.layers.layers.self_attn.q_proj
+    return type(layer)(**{k: (v[0] if hasattr(v, "shape") else v) for k, v in vars(layer).items()})
+
+
+def assert_like_transformers(
+    out: dict[str, Any], name: str, directory: Path, ids: Any, kernel: str, dtype: str
+) -> None:
+    """treemod's model from `directory`, in `dtype`, against `transformers_outputs`' `name`:
+    `transformers` used the `kernel` class, the first `q_proj`'s dequantised weights are equal
+    bit for bit, and so are the logits up to the order of summation: within 8 ulps of their
+    largest magnitude in float16 (each side rounds every matmul, norm and activation to
+    float16 in its own order), within 1e-5 relative in float32."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from treemod.models import from_pretrained
+
+    assert str(out[f"{name}.class"]) == kernel
+    model = from_pretrained(directory, dtype=getattr(jnp, dtype))
+    got = np.asarray(first_q_proj(model).dequantised_weight().astype(jnp.float32))
+    assert np.array_equal(got, out[f"{name}.q_proj"]), name
+    want = out[f"{name}.logits"]
+    logits = np.asarray(model(input_ids=jnp.asarray(ids)).astype(jnp.float32))
+    if dtype == "float16":
+        ulp = float(np.spacing(np.float16(np.abs(want).max())))
+        np.testing.assert_allclose(logits, want, rtol=0, atol=8 * ulp, err_msg=name)
+    else:
+        np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -2,9 +2,10 @@
 definition: packed as AutoAWQ's `WQLinear_GEMM.from_linear` (awq/modules/linear/gemm.py) packs
 (read, not copied: the levels of the transposed weight eight to an int32 along the output axis,
 column `8c + [0, 2, 4, 6, 1, 3, 5, 7][i]` in bits `4i`; the zero points alike), and dequantised
-as its `dequantize_gemm` (awq/utils/packing_utils.py), `(q - zero) * scale` in float16.
-(AutoAWQ is an sdist whose `transformers` integration needs its CUDA kernels, so the reference
-is the format's definition, computed with torch.)"""
+as its `dequantize_gemm` (awq/utils/packing_utils.py), `(q - zero) * scale` in float16. What
+treemod saves is loaded by `transformers` with GPT-QModel's torch AWQ kernel (in a fresh
+interpreter: `hub_checks.transformers_outputs`), whose dequantised weights and float16 logits
+it is compared with."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hub_checks import assert_refused, quantization_configs
+from hub_checks import (
+    assert_like_transformers,
+    assert_refused,
+    quantization_configs,
+    transformers_outputs,
+)
 
 import treemod.quant as quant
-from treemod.models import from_pretrained
+from treemod.models import from_pretrained, save_pretrained
 
 pytestmark = pytest.mark.slow
 
@@ -135,8 +141,17 @@ def test_awq_options_treemod_does_not_read_are_refused_by_name(
 def test_awq_checkpoints_save_back_byte_for_byte(
     checkpoint: dict[str, Any], tmp_path: Path
 ) -> None:
-    from treemod.models import save_pretrained
-
     save_pretrained(from_pretrained(checkpoint["path"]), tmp_path)
     ours, theirs = quantization_configs(tmp_path, checkpoint["path"])
     assert ours == theirs
+
+
+@pytest.mark.heavy
+def test_transformers_loads_the_awq_checkpoint_treemod_saves(
+    checkpoint: dict[str, Any], tmp_path: Path
+) -> None:
+    # transformers' AwqConfig(backend="torch_awq") is GPT-QModel's AwqTorchLinear, which
+    # computes in float16 (a float32 input too), so the comparison is in float16.
+    save_pretrained(from_pretrained(checkpoint["path"]), tmp_path / "saved")
+    out = transformers_outputs({"awq": tmp_path / "saved"}, IDS, tmp_path / "transformers")
+    assert_like_transformers(out, "awq", tmp_path / "saved", IDS, "AwqTorchLinear", "float16")

@@ -19,7 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hub_checks import assert_refused, quantization_configs, transformers_outputs
+from hub_checks import (
+    assert_like_transformers,
+    assert_refused,
+    quantization_configs,
+    transformers_outputs,
+)
 
 import treemod as tm
 import treemod.quant as quant
@@ -265,33 +270,21 @@ def reference(
     return {"dirs": dirs, "out": out}
 
 
-def _against_transformers(reference: dict[str, Any], name: str) -> None:
-    """treemod's float16 model from `name`'s saved directory against `transformers`': the first
-    `q_proj`'s dequantised weights bit for bit (both dequantise in the float16 scales' dtype),
-    and the logits within 8 float16 ulps of their largest magnitude (each side rounds every
-    matmul, norm and activation to float16, in its own order of summation)."""
-    out = reference["out"]
-    assert str(out[f"{name}.class"]) == "TorchLinear"  # GPT-QModel's GPTQ kernel was used
-    model = from_pretrained(reference["dirs"][name], dtype=jnp.float16)
-    got = np.asarray(_layer(model, 0, "self_attn", "q_proj").dequantised_weight())
-    assert np.array_equal(got.astype(np.float32), out[f"{name}.q_proj"])
-    want = out[f"{name}.logits"]
-    logits = np.asarray(model(input_ids=jnp.asarray(IDS)).astype(jnp.float32))
-    ulp = float(np.spacing(np.float16(np.abs(want).max())))
-    np.testing.assert_allclose(logits, want, rtol=0, atol=8 * ulp)
-
-
 @pytest.mark.heavy
 def test_transformers_loads_the_gptq_checkpoints_treemod_saves(
     checkpoint: dict[str, Any], reference: dict[str, Any]
 ) -> None:
-    _against_transformers(reference, checkpoint["name"])
+    name = checkpoint["name"]
+    out, directory = reference["out"], reference["dirs"][name]
+    assert_like_transformers(out, name, directory, IDS, "TorchLinear", "float16")
 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
 def test_transformers_loads_int4_models_saved_as_gptq(form: str, reference: dict[str, Any]) -> None:
-    _against_transformers(reference, f"int4-{form}")
+    name = f"int4-{form}"
+    out, directory = reference["out"], reference["dirs"][name]
+    assert_like_transformers(out, name, directory, IDS, "TorchLinear", "float16")
 
 
 @pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
