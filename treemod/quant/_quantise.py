@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import jax.numpy as jnp
 
 from treemod._module.module import Module
+from treemod._tree.module_info import module_info
+from treemod._tree.tree_at import tree_at
 from treemod.lora._select import Targets, check_targets, matches_target, rewrite_named
 from treemod.nn import Linear
 
@@ -41,8 +45,24 @@ def _check_options(scheme: Any, block_size: Any, group_size: Any) -> None:
         raise ValueError(f"quantise: `group_size` must be an int >= 2; got {group_size!r}.")
 
 
+def _conv1d_class() -> type[Any] | None:
+    """GPT-2's `Conv1D` if its module is loaded (a model can hold one only then; `quant` does
+    not import `models`, which is above it)."""
+    module = sys.modules.get("treemod.models.gpt2")
+    return getattr(module, "Conv1D", None) if module is not None else None
+
+
+def _as_linear(layer: Any) -> Any:
+    """GPT-2's `Conv1D` (weight `(in, out)`) as a `Linear`'s fields: transformers' bitsandbytes
+    integration quantises the transposed `(out, in)` weight, so the packed arrays match its."""
+    n_in, n_out = layer.weight.shape
+    return SimpleNamespace(
+        weight=layer.weight.T, bias=layer.bias, in_features=n_in, out_features=n_out
+    )
+
+
 def _quantised(
-    layer: Linear, name: str, scheme: str, block_size: int, double_quant: bool, group_size: int
+    layer: Any, name: str, scheme: str, block_size: int, double_quant: bool, group_size: int
 ) -> QuantLinear:
     if layer.in_features == "scalar" or layer.out_features == "scalar":
         raise ValueError(f"quantise: the Linear at {name!r} has a scalar input or output.")
@@ -102,8 +122,10 @@ def quantise(
 
     Layers are selected exactly as `treemod.lora.add_lora` selects them (PEFT's rules over
     `treemod.state_dict`'s names; a `Stack`'s layers are numbered and quantised one by one).
-    The weight is quantised; the bias stays in its float dtype, and the layer computes in the
-    weight's original dtype.
+    GPT-2's `Conv1D` is quantised as the `Linear` it computes (its weight transposed to
+    `(out, in)`, as transformers' bitsandbytes integration does; `dequantise` gives the
+    `Conv1D` back). The weight is quantised; the bias stays in its float dtype, and the layer
+    computes in the weight's original dtype.
 
     Arguments:
         model: any treemod model.
@@ -135,6 +157,7 @@ def quantise(
     """
     _check_options(scheme, block_size, group_size)
     targets = check_targets(target_modules, "quantise")
+    conv1d = _conv1d_class()
     found: list[str] = []
 
     def visit(node: Any, name: str) -> Any:
@@ -142,10 +165,12 @@ def quantise(
             return None
         if isinstance(node, QuantLinear):
             raise ValueError(f"quantise: the layer at {name!r} is already quantised.")
-        if not isinstance(node, Linear):
+        if conv1d is not None and isinstance(node, conv1d):
+            node = _as_linear(node)
+        elif not isinstance(node, Linear):
             raise ValueError(
                 f"quantise: target_modules selects {name!r}, a {type(node).__name__}; only "
-                "Linear layers are quantised. Narrow target_modules."
+                "Linear layers (and GPT-2's Conv1D) are quantised. Narrow target_modules."
             )
         found.append(name)
         return _quantised(node, name, scheme, block_size, double_quant, group_size)
@@ -178,9 +203,12 @@ def dequantise(model: Any) -> Any:
         ('Linear', dtype('float32'))
     """
 
+    replaced: set[str] = set()
+
     def visit(node: Any, name: str) -> Any:
         if not isinstance(node, QuantLinear):
             return None
+        replaced.add(name)
         linear = object.__new__(Linear)
         # Set as unflattening sets fields: the Linear's constructor would draw random weights.
         linear.__dict__.update(
@@ -192,4 +220,42 @@ def dequantise(model: Any) -> Any:
         )
         return linear
 
-    return rewrite_named(model, visit, caller="dequantise")
+    new = rewrite_named(model, visit, caller="dequantise")
+    conv1d = _conv1d_class()
+    if conv1d is None or not replaced:
+        return new
+    return rewrite_named(new, _conv1d_back(conv1d, replaced), caller="dequantise")
+
+
+def _conv1d_back(conv1d: type[Any], replaced: set[str]) -> Any:
+    """A `rewrite_named` visit that turns each dequantised `Linear` in a field declared
+    `Conv1D` (GPT-2's) back into a `Conv1D`, so the model computes and saves as GPT-2's float
+    checkpoints store it; a LoRA layer there gets PEFT's `fan_in_fan_out` over it."""
+
+    def to_conv1d(linear: Linear) -> Any:
+        return conv1d(weight=linear.weight.T, bias=linear.bias)
+
+    def visit(node: Any, name: str) -> Any:
+        if not isinstance(node, Module):
+            return None
+        declared = module_info(type(node)).field_annotations
+        new = node
+        for f in [f for f, kind in declared.items() if kind is conv1d]:
+            value, where = getattr(node, f), f"{name}.{f}" if name else f
+
+            def at(m: Any, f: str = f) -> Any:
+                return getattr(m, f)
+
+            if where in replaced and isinstance(value, Linear):
+                new = tree_at(at, new, to_conv1d(value))
+            elif f"{where}.base_layer" in replaced and isinstance(value.base_layer, Linear):
+                adapted = object.__new__(type(value))
+                adapted.__dict__.update(
+                    vars(value), base_layer=to_conv1d(value.base_layer), fan_in_fan_out=True
+                )
+                new = tree_at(at, new, adapted)
+        # Such a module's other fields hold no quantised layer (GPT-2's: dropouts), so the
+        # rewrite need not look below it.
+        return None if new is node else new
+
+    return visit
