@@ -48,3 +48,28 @@ def test_a_forward_step_has_no_gradients() -> None:
     mlp = tm.nn.MLP(16, 4, 128, 2, key=jax.random.key(0))
     report = tm.debug.memory_report(lambda m, x: m(x).sum(), mlp, jnp.ones((32, 16)))
     assert all(r.grad_bytes == 0 for r in report.rows)
+
+
+def test_a_step_over_a_partitioned_model_keeps_the_module_paths() -> None:
+    # The LoRA recipe: the trainable part is the argument, the frozen part closed over, and the
+    # step calls `tm.combine(trainable, frozen)`, a rebuilt model. Its modules take the paths
+    # of the partitioned argument's (their outline), so each layer's forward values are the
+    # ones a step over the whole model reports.
+    mlp = tm.nn.MLP(16, 4, 128, 2, key=jax.random.key(0))
+    x = jnp.ones((32, 16))
+    spec = jax.tree.map(lambda _: False, mlp)
+    spec = tm.tree_at(lambda m: m.layers[-1].weight, spec, True)
+    trainable, frozen = tm.partition(mlp, spec)
+
+    def partial_step(trainable: Any, x: jax.Array) -> Any:
+        return tm.filter_grad(lambda t: jnp.sum(tm.combine(t, frozen)(x) ** 2))(trainable)
+
+    whole = {
+        r.path: r
+        for r in tm.debug.memory_report(step, mlp, OPT.init(tm.filter(mlp, tm.is_array)), x).rows
+    }
+    rows = {r.path: r for r in tm.debug.memory_report(partial_step, trainable, x).rows}
+    for i in range(3):
+        got = rows[f"trainable.layers[{i}]"].activation_bytes
+        assert got == whole[f"model.layers[{i}]"].activation_bytes > 0, i
+    assert rows["trainable.layers[2]"].param_bytes == 128 * 4 * 4  # the trainable weight alone

@@ -61,7 +61,9 @@ class Recorder:
     A module rebuilt by a transform inside the function (`filter_grad`, a nested `filter_jit`)
     is a new object: it takes the path of the object it stands for when it is found inside the
     module that calls it (by identity, from the caller's path), or else when exactly one module
-    of the arguments has its signature (structure, static values, array shapes).
+    of the arguments has its signature (structure, static values, array shapes), or else when
+    exactly one has its outline (structure and static values; any leaf, or a `None` hole, alike:
+    the model `tm.combine(trainable, frozen)` rebuilds from a `tm.partition`ed argument).
     """
 
     def __init__(self, root: str) -> None:
@@ -70,6 +72,7 @@ class Recorder:
         self.stats: dict[str, CallStats] = {root: CallStats(root, "function", root)}
         self.scopes: dict[str, str] = {}  # scope name -> path
         self._by_signature: dict[Hashable, str | None] = {}  # None: several paths
+        self._by_outline: dict[Hashable, str | None] = {}
         self._children: dict[int, dict[int, str]] = {}
         self._stack: list[_Frame] = []
 
@@ -80,6 +83,8 @@ class Recorder:
         self.stats.setdefault(path, CallStats(path, type(instance).__name__, signature))
         self.scopes[scope_name(path)] = path
         self._by_signature[signature] = None if signature in self._by_signature else path
+        outline = _outline(instance)
+        self._by_outline[outline] = None if outline in self._by_outline else path
 
     def run_root(self, fn: Callable[[], Any]) -> Any:
         """Call the traced function itself, timed as the root row."""
@@ -105,7 +110,11 @@ class Recorder:
                 path = frame.path + relative
                 break
         else:
-            path = self._by_signature.get(_signature(instance))
+            signature = _signature(instance)
+            if signature in self._by_signature:
+                path = self._by_signature[signature]
+            else:
+                path = self._by_outline.get(_outline(instance))
         self.instances[id(instance)] = (instance, path)
         if path is not None and path not in self.stats:
             self.add(instance, path)
@@ -149,6 +158,17 @@ def _signature(instance: Any) -> Hashable:
     except TypeError:
         return id(instance)
     return key
+
+
+def _outline(instance: Any) -> Hashable:
+    """The structure and static fields alone, each leaf (an array, a number, or the `None` of a
+    `tm.partition` hole) alike: a partitioned module's outline is the combined one's."""
+    treedef = jtu.tree_structure(instance, is_leaf=lambda x: x is None)
+    try:
+        hash(treedef)
+    except TypeError:
+        return id(instance)
+    return treedef
 
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
