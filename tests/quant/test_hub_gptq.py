@@ -224,30 +224,45 @@ def test_gptq_layers_without_their_quantization_config_are_not_saved(
     assert "quant_method='gptq'" in str(e.value) and "dequantise" in str(e.value)
 
 
-# treemod's own int4 (`Int4Linear`) saved as GPTQ.
+# treemod's own int4 (`Int4Linear`) saved as GPTQ: "gptq" quantises every projection (its zero
+# points all at least 1), "gptq_v2" the attention ones only, `q_proj`'s weights made
+# non-negative first so their zero points are 0 (and `transformers` must leave the MLP float).
 LLAMA = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
-LINEARS = [proj for names in PROJ.values() for proj in names]
+QUANTISED = {"gptq": PROJ, "gptq_v2": {"self_attn": PROJ["self_attn"]}}
 
 
-def _int4_model(non_negative: bool) -> Any:
-    """A random treemod Llama (float32) quantised to int4; with `non_negative` its `q_proj`
-    weights are made non-negative first, so their zero points are 0."""
+def _int4_model(form: str) -> Any:
+    """A random treemod Llama (float32) quantised to int4 as `QUANTISED[form]` says."""
     model = LlamaForCausalLM.from_config(LLAMA, key=jax.random.key(0))
-    if non_negative:
+    if form == "gptq_v2":
         q = model.model.layers.layers.self_attn.q_proj
         model = tm.tree_at(lambda m: m.model.layers.layers.self_attn.q_proj.weight, model,
                            jnp.abs(q.weight))  # fmt: skip
-    return quant.quantise(model, LINEARS, "int4", group_size=GROUP)
+    linears = [proj for names in QUANTISED[form].values() for proj in names]
+    return quant.quantise(model, linears, "int4", group_size=GROUP)
+
+
+def _int4_arrays(layer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An `Int4Linear`'s levels `(out, in)` (its packing: column `2j` in the low nibble, `2j + 1`
+    in the high one), zero points and float32 scales `(out, groups)`."""
+    packed = np.asarray(layer.weight)
+    levels = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int64)
+    levels[:, 0::2], levels[:, 1::2] = packed & 15, packed >> 4
+    return levels, np.asarray(layer.zeros).astype(np.int64), np.asarray(layer.scales)
+
+
+def _names(form: str) -> list[tuple[int, str, str]]:
+    return [(i, part, proj) for i in range(2) for part, names in QUANTISED[form].items()
+            for proj in names]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def int4(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Int4 models and the directories `save_pretrained` wrote for them: "gptq" (every zero
-    point at least 1) and "gptq_v2" (`q_proj`'s zero points 0)."""
+    """The int4 models and the directories `save_pretrained` wrote for them."""
     out = {}
-    for form, non_negative in (("gptq", False), ("gptq_v2", True)):
-        model = _int4_model(non_negative)
+    for form in QUANTISED:
+        model = _int4_model(form)
         path = tmp_path_factory.mktemp(f"int4-{form}")
         save_pretrained(model, path)
         out[form] = {"model": model, "path": path}
@@ -280,72 +295,72 @@ def test_transformers_loads_the_gptq_checkpoints_treemod_saves(
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+@pytest.mark.parametrize("form", list(QUANTISED))
 def test_transformers_loads_int4_models_saved_as_gptq(form: str, reference: dict[str, Any]) -> None:
     name = f"int4-{form}"
     out, directory = reference["out"], reference["dirs"][name]
     assert_like_transformers(out, name, directory, IDS, "TorchLinear", "float16")
 
 
-@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+@pytest.mark.parametrize("form", list(QUANTISED))
 def test_int4_models_save_as_the_gptq_format(form: str, int4: dict[str, Any]) -> None:
     model, path = int4[form]["model"], int4[form]["path"]
     qconfig = json.loads((path / "config.json").read_text())["quantization_config"]
+    inner = sorted({f"{part}.{proj}" for _, part, proj in _names(form)})
     assert qconfig == {
         "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False,
         "sym": False, "checkpoint_format": form, "format": form,
-        "block_name_to_quantize": "model.layers",
-        "modules_in_block_to_quantize": [sorted(f"{part}.{proj}" for part, names in PROJ.items()
-                                                for proj in names)],
+        "block_name_to_quantize": "model.layers", "modules_in_block_to_quantize": [inner],
     }  # fmt: skip
     stored = safetensors_torch.load_file(path / "model.safetensors")
-    assert "lm_head.weight" in stored and stored["lm_head.weight"].dtype == torch.float32
-    for i in range(2):
-        for part, names in PROJ.items():
-            for proj in names:
-                p = f"model.layers.{i}.{part}.{proj}"
-                layer = _layer(model, i, part, proj)
-                assert type(layer) is quant.Int4Linear and f"{p}.weight" not in stored
-                packed = np.asarray(layer.weight)  # (out, in / 2), column 2j in the low nibble
-                levels = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int64)
-                levels[:, 0::2], levels[:, 1::2] = packed & 15, packed >> 4
-                zeros = np.asarray(layer.zeros).T.astype(np.int64)  # (groups, out)
-                qweight, qzeros = _pack(levels.T, zeros, 1 if form == "gptq" else 0)
-                g_idx = (np.arange(levels.shape[1]) // GROUP).astype(np.int32)
-                scales = np.asarray(layer.scales).T.astype(np.float16)
-                want = {"qweight": qweight, "qzeros": qzeros, "scales": scales, "g_idx": g_idx}
-                for field, value in want.items():
-                    got = stored[f"{p}.{field}"].numpy()
-                    assert got.dtype == value.dtype and np.array_equal(got, value), (p, field)
+    for i, part, proj in [(i, part, proj) for i in range(2) for part, names in PROJ.items()
+                          for proj in names]:  # fmt: skip
+        p = f"model.layers.{i}.{part}.{proj}"
+        if (i, part, proj) not in _names(form):
+            assert stored[f"{p}.weight"].dtype == torch.float32 and f"{p}.qweight" not in stored
+            continue
+        layer = _layer(model, i, part, proj)
+        assert type(layer) is quant.Int4Linear and f"{p}.weight" not in stored
+        levels, zeros, scales = _int4_arrays(layer)
+        qweight, qzeros = _pack(levels.T, zeros.T, 1 if form == "gptq" else 0)
+        g_idx = (np.arange(levels.shape[1]) // GROUP).astype(np.int32)
+        want = {"qweight": qweight, "qzeros": qzeros, "scales": scales.T.astype(np.float16),
+                "g_idx": g_idx}  # fmt: skip
+        for field, value in want.items():
+            got = stored[f"{p}.{field}"].numpy()
+            assert got.dtype == value.dtype and np.array_equal(got, value), (p, field)
+    assert stored["lm_head.weight"].dtype == torch.float32
     zeros = np.asarray(model.model.layers.layers.self_attn.q_proj.zeros)
     assert (zeros == 0).any() == (form == "gptq_v2")
 
 
-@pytest.mark.parametrize("form", ["gptq", "gptq_v2"])
+@pytest.mark.parametrize("form", list(QUANTISED))
 def test_int4_models_reload_as_gptq_within_float16_scale_rounding(
     form: str, int4: dict[str, Any]
 ) -> None:
     model, path = int4[form]["model"], int4[form]["path"]
     loaded = from_pretrained(path)  # float32, the model's dtype
+    assert type(loaded.model.layers.layers.mlp.up_proj).__name__ == (
+        "GPTQLinear" if form == "gptq" else "Linear"
+    )
     worst = 0.0
-    for i in range(2):
-        for part, names in PROJ.items():
-            for proj in names:
-                ours = _layer(model, i, part, proj)
-                layer = _layer(loaded, i, part, proj)
-                assert type(layer) is quant.GPTQLinear
-                assert layer.zero_offset == (1 if form == "gptq" else 0)
-                w = np.asarray(ours.dequantised_weight())
-                got = np.asarray(layer.dequantised_weight())
-                # Exactly the int4 levels and zero points over the float16-rounded scales.
-                scales = np.asarray(ours.scales).astype(np.float16).astype(np.float32)
-                centred = w / np.repeat(np.asarray(ours.scales), GROUP, axis=1)
-                np.testing.assert_array_equal(got, np.round(centred) *
-                                              np.repeat(scales, GROUP, axis=1))  # fmt: skip
-                # float16 keeps 11 significant bits: each weight moves by at most 2^-11 of it.
-                error = np.abs(got - w) / np.maximum(np.abs(w), np.finfo(np.float32).tiny)
-                assert error.max() <= 2.0**-11
-                worst = max(worst, float(error.max()))
+    for i, part, proj in _names(form):
+        ours = _layer(model, i, part, proj)
+        layer = _layer(loaded, i, part, proj)
+        assert type(layer) is quant.GPTQLinear
+        assert layer.zero_offset == (1 if form == "gptq" else 0)
+        got = np.asarray(layer.dequantised_weight())
+        # Exactly the int4 levels and zero points over the float16-rounded scales (the
+        # products of a 5-bit and an 11-bit significand are exact in float32).
+        levels, zeros, scales = _int4_arrays(ours)
+        rounded = scales.astype(np.float16).astype(np.float32)
+        want = (levels - np.repeat(zeros, GROUP, axis=1)) * np.repeat(rounded, GROUP, axis=1)
+        np.testing.assert_array_equal(got, want)
+        # float16 keeps 11 significant bits: each weight moves by at most 2^-11 of itself.
+        w = np.asarray(ours.dequantised_weight())
+        error = np.abs(got - w) / np.maximum(np.abs(w), np.finfo(np.float32).tiny)
+        assert error.max() <= 2.0**-11
+        worst = max(worst, float(error.max()))
     assert worst > 0  # the rounding is there, not skipped
     # Every weight within 2^-11 of itself moves the logits by less than 2^-11 of their largest
     # magnitude (measured: 1.7e-4 of 0.61).
