@@ -73,3 +73,22 @@ def test_a_step_over_a_partitioned_model_keeps_the_module_paths() -> None:
         got = rows[f"trainable.layers[{i}]"].activation_bytes
         assert got == whole[f"model.layers[{i}]"].activation_bytes > 0, i
     assert rows["trainable.layers[2]"].param_bytes == 128 * 4 * 4  # the trainable weight alone
+
+
+def test_a_stacks_layers_count_once_per_layer() -> None:
+    # The same three blocks run by an `nn.Stack`'s scan and one after another: the Stack's
+    # layer path holds the values of all three, each block's modules their own.
+    blocks = [tm.nn.MLP(16, 16, 32, 1, key=jax.random.key(i)) for i in range(3)]
+    x = jnp.ones((8, 16))
+
+    def loss(model: Any, x: jax.Array) -> Any:
+        return tm.filter_grad(lambda m: jnp.sum(m(x) ** 2))(model)
+
+    stacked = tm.nn.Stack.from_layers(blocks)
+    rows = {r.path: r for r in tm.debug.memory_report(loss, stacked, x).rows}
+    one_by_one = {r.path: r for r in tm.debug.memory_report(loss, tm.nn.Sequential(blocks), x).rows}
+    for j in range(2):
+        got = rows[f"model.layers.layers[{j}]"].activation_bytes
+        want = sum(one_by_one[f"model.layers[{i}].layers[{j}]"].activation_bytes for i in range(3))
+        assert got == want > 0, j
+    assert rows["model.layers.layers[0]"].grad_bytes == rows["model.layers.layers[0]"].param_bytes

@@ -6,7 +6,8 @@ the model; per module path of it: the bytes of its parameters (and of their grad
 the step differentiates through it) and state (its arrays), of the optimiser state that mirrors
 its parameters (any other argument's arrays whose key path ends with the parameter's path, as
 optax's `mu`/`nu` do), and of the activations its forward equations produce (the values a
-backward pass may keep: what rematerialisation or smaller batches reduce). XLA's
+backward pass may keep: what rematerialisation or smaller batches reduce; inside a loop, such
+as an `nn.Stack`'s scan, once per iteration). XLA's
 `memory_analysis()` of the compiled step gives the totals: arguments, outputs, temporaries (the
 peak of the live intermediate buffers), generated code.
 """
@@ -125,6 +126,64 @@ def _array_paths(tree: Any, label: str) -> dict[str, int]:
     return out
 
 
+# Loops whose bodies call modules are walked: an `nn.Stack`'s scan runs each layer's modules
+# inside its body and keeps `length` copies of the values its backward pass needs. A loop inside
+# one module (a quantised layer's slices) and other nested programs (a layer's own `filter_jit`,
+# a rematerialised block) count by their outputs, as one equation.
+_LOOPS = {"scan": "length", "while": None}
+
+
+def _bodies(eqn: Any) -> list[Any]:
+    return [
+        body
+        for value in eqn.params.values()
+        if hasattr(body := getattr(value, "jaxpr", value), "eqns")
+    ]
+
+
+def _calls_modules(bodies: list[Any], stack: str, read: ScopeReader) -> bool:
+    """Whether an equation of `bodies` runs in a module below the loop's own."""
+    depth = len(read(stack))
+    return any(
+        len(read(f"{stack}/{eqn.source_info.name_stack}")) > depth
+        for body in bodies
+        for eqn in body.eqns
+    )
+
+
+def _walk(
+    jaxpr: Any,
+    prefix: str,
+    times: int,
+    read: ScopeReader,
+    activations: Counter[str],
+    backward: set[str],
+) -> None:
+    """Count the forward values of `jaxpr`'s equations (`times` copies) toward the innermost
+    module path of their name stack (`prefix` + the equation's own: a loop body's stacks are
+    relative to the loop), and collect the paths with backward equations."""
+    for eqn in jaxpr.eqns:
+        own = str(eqn.source_info.name_stack)
+        stack = f"{prefix}/{own}" if prefix and own else prefix or own
+        name = eqn.primitive.name
+        if name in _LOOPS and _calls_modules(bodies := _bodies(eqn), stack, read):
+            count = _LOOPS[name]
+            inner = times * (int(eqn.params.get(count, 1)) if count else 1)
+            for body in bodies:
+                _walk(body, stack, inner, read, activations, backward)
+            continue
+        paths = read(stack)
+        if not paths:
+            continue
+        if "transpose(" in stack:
+            backward.update(paths)
+            continue
+        for v in eqn.outvars:
+            aval: Any = getattr(v, "aval", None)
+            if hasattr(aval, "shape") and hasattr(aval, "dtype"):
+                activations[paths[-1]] += times * int(np.prod(aval.shape)) * aval.dtype.itemsize
+
+
 def _state_bytes(module: Any) -> int:
     nodes = jtu.tree_leaves(module, is_leaf=lambda x: isinstance(x, State))
     return sum(sum(_array_paths(n, "").values()) for n in nodes if isinstance(n, State))
@@ -156,18 +215,7 @@ def memory_report(step: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Mem
     read = ScopeReader(traced.recorder.scopes)
     activations: Counter[str] = Counter()
     backward: set[str] = set()
-    for eqn in traced.stage.jaxpr.jaxpr.eqns:
-        stack = str(eqn.source_info.name_stack)
-        paths = read(stack)
-        if not paths:
-            continue
-        if "transpose(" in stack:
-            backward.update(paths)
-            continue
-        for v in eqn.outvars:
-            aval: Any = getattr(v, "aval", None)
-            if hasattr(aval, "shape") and hasattr(aval, "dtype"):
-                activations[paths[-1]] += int(np.prod(aval.shape)) * aval.dtype.itemsize
+    _walk(traced.stage.jaxpr.jaxpr, "", 1, read, activations, backward)
     modules: list[tuple[Any, str, str]] = []  # (module, its path, path below its argument)
     arrays: dict[str, int] = {}
     for value, label in zip(args, traced.labels, strict=True):
