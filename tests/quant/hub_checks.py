@@ -62,13 +62,13 @@ def transformers_outputs(
     weight, float32 `(out, in)`), from one fresh interpreter running `hub_transformers.py`.
 
     GPT-QModel patches `safetensors`' and `transformers`' globals when imported, so it never
-    runs in the test process. Without it a GPTQ or AWQ checkpoint's test is skipped, or fails
-    under CI (set `CI`), where the newest end installs it (the Makefile's
-    `REFERENCE_LOADERS`)."""
-    import importlib.util
+    runs in the test process. Without it (or optimum, or accelerate) a GPTQ or AWQ checkpoint's
+    test is skipped, or fails under CI (set `CI`), where the newest end installs them (the
+    Makefile's `REFERENCE_LOADERS`)."""
     import os
     import subprocess
     import sys
+    from importlib.util import find_spec
 
     import numpy as np
     import pytest
@@ -77,10 +77,13 @@ def transformers_outputs(
         json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"]
         for path in checkpoints.values()
     }
-    if methods & {"gptq", "awq"} and importlib.util.find_spec("gptqmodel") is None:
-        message = "gptqmodel is not installed (make installs it on the newest end)"
+    # transformers' GPTQ loader goes through optimum to GPT-QModel, its AWQ one straight there.
+    needs = {"gptq": ("gptqmodel", "optimum"), "awq": ("gptqmodel", "accelerate")}
+    missing = sorted({m for k in methods for m in needs.get(k, ()) if not find_spec(m)})
+    if missing:
+        message = f"{', '.join(missing)} not installed (make installs them on the newest end)"
         if os.environ.get("CI"):
-            pytest.fail(f"{message}; CI runs the transformers reference, so install it.")
+            pytest.fail(f"{message}; CI runs the transformers reference, so install them.")
         pytest.skip(message)
     entries = {name: {"path": str(path), "dtype": dtype} for name, path in checkpoints.items()}
     spec = {"ids": np.asarray(ids).tolist(), "checkpoints": entries}
