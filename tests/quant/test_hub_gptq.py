@@ -400,6 +400,9 @@ def test_int4_models_gptq_cannot_hold_are_refused_by_name(tmp_path: Path) -> Non
     # structure), so the check is called as save_pretrained calls it.
     layer = _layer(quant.quantise(model, ["q_proj"], "int4", group_size=GROUP), 0,
                    "self_attn", "q_proj")  # fmt: skip
-    with pytest.raises(ValueError, match=r"'model\.layers\.1\.self_attn\.q_proj' is float"):
+    with pytest.raises(ValueError) as info:
         gptq_from_int4({"model.layers.0.self_attn.q_proj": layer},
                        ["model.layers.1.self_attn.q_proj"])  # fmt: skip
+    for word in ["'model.layers.1.self_attn.q_proj' is float", "include 'self_attn.q_proj'",
+                 "modules_in_block_to_quantize", "same layers in every block"]:  # fmt: skip
+        assert word in str(info.value)

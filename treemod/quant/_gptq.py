@@ -43,8 +43,8 @@ def _unpack(packed: Array, axis: int) -> Array:
 
 
 def _pack(levels: np.ndarray, axis: int) -> np.ndarray:
-    """`_unpack`'s inverse: 4-bit `levels` (0 or 1 axis a multiple of 8) packed eight to an
-    int32 along `axis`, level `8i + j` in bits `4j` of word `i`."""
+    """`_unpack`'s inverse: 4-bit `levels` packed eight to an int32 along `axis` (0 or 1, its
+    size a multiple of 8), level `8i + j` in bits `4j` of word `i`."""
     moved = np.moveaxis(np.asarray(levels).astype(np.uint32), axis, 0)
     words = moved.reshape(-1, 8, *moved.shape[1:])
     packed = np.zeros_like(words[:, 0])
@@ -201,11 +201,13 @@ def _placement(layers: Sequence[str], floats: Sequence[str]) -> tuple[str, list[
         )
     inner = sorted({b[1] for b in found.values() if b is not None})
     for name in floats:
-        if name.startswith(f"{block}.") and any(name.endswith(i) for i in inner):
+        ends = [i for i in inner if name.endswith(i)]
+        if name.startswith(f"{block}.") and ends:
             raise ValueError(
-                f"save_pretrained: {name!r} is float but a layer of the same name in another "
-                "block is int4; transformers' GPTQ loader quantises a layer in every block or "
-                "in none (modules_in_block_to_quantize). Quantise it in every block."
+                f"save_pretrained: {name!r} is float but the int4 layers include {ends[0]!r} "
+                f"of another block; transformers' GPTQ loader quantises every layer of "
+                f"{block} whose name ends so (modules_in_block_to_quantize). Quantise the "
+                "same layers in every block."
             )
     return block, inner
 
