@@ -25,7 +25,7 @@ from ._layers import (
     row_slices,
 )
 
-__all__ = ["dequantise", "quantise"]
+__all__ = ["conv1d_as_linear", "conv1d_class", "dequantise", "quantise"]
 
 Scheme = Literal["int8", "nf4", "int4"]
 BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # bitsandbytes' `quantize_4bit`'s
@@ -45,14 +45,14 @@ def _check_options(scheme: Any, block_size: Any, group_size: Any) -> None:
         raise ValueError(f"quantise: `group_size` must be an int >= 2; got {group_size!r}.")
 
 
-def _conv1d_class() -> type[Any] | None:
+def conv1d_class() -> type[Any] | None:
     """GPT-2's `Conv1D` if its module is loaded (a model can hold one only then; `quant` does
     not import `models`, which is above it)."""
     module = sys.modules.get("treemod.models.gpt2")
     return getattr(module, "Conv1D", None) if module is not None else None
 
 
-def _as_linear(layer: Any) -> Any:
+def conv1d_as_linear(layer: Any) -> Any:
     """GPT-2's `Conv1D` (weight `(in, out)`) as a `Linear`'s fields: transformers' bitsandbytes
     integration quantises the transposed `(out, in)` weight, so the packed arrays match its."""
     n_in, n_out = layer.weight.shape
@@ -157,7 +157,7 @@ def quantise(
     """
     _check_options(scheme, block_size, group_size)
     targets = check_targets(target_modules, "quantise")
-    conv1d = _conv1d_class()
+    conv1d = conv1d_class()
     found: list[str] = []
 
     def visit(node: Any, name: str) -> Any:
@@ -166,7 +166,7 @@ def quantise(
         if isinstance(node, QuantLinear):
             raise ValueError(f"quantise: the layer at {name!r} is already quantised.")
         if conv1d is not None and isinstance(node, conv1d):
-            node = _as_linear(node)
+            node = conv1d_as_linear(node)
         elif not isinstance(node, Linear):
             raise ValueError(
                 f"quantise: target_modules selects {name!r}, a {type(node).__name__}; only "
@@ -221,7 +221,7 @@ def dequantise(model: Any) -> Any:
         return linear
 
     new = rewrite_named(model, visit, caller="dequantise")
-    conv1d = _conv1d_class()
+    conv1d = conv1d_class()
     if conv1d is None or not replaced:
         return new
     return rewrite_named(new, _conv1d_back(conv1d, replaced), caller="dequantise")
