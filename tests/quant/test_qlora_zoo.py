@@ -12,6 +12,7 @@ differ (measured: logits within 3e-7 of their largest value, gradients within 2e
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import treemod as tm
 import treemod.lora as lora
 import treemod.nn as nn
 import treemod.quant as quant
+from treemod import CheckpointError
 from treemod.models import from_pretrained, save_pretrained
 
 pytestmark = pytest.mark.slow
@@ -33,6 +35,8 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 optax = pytest.importorskip("optax")
+sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
+from lora_arrays import randomise_b  # noqa: E402
 
 # Every layer's input size is a multiple of 64, transformers' NF4 block size: bitsandbytes'
 # CPU NF4 dequantisation kernel (0.50) is wrong for rows shorter than a block (last test).
@@ -300,3 +304,62 @@ def test_nf4_rows_shorter_than_a_block_dequantise_as_bitsandbytes_blocks() -> No
     state.shape = torch.Size([48 * 32 // 64, 64])
     want = bnb.functional.dequantize_4bit(packed, state).numpy().reshape(48, 32)
     assert np.array_equal(np.asarray(q.dequantised_weight()), want)
+
+
+# transformers quantises GPT-2's Conv1D layers; `from_pretrained` replaces only `Linear`s with
+# the stored quantised layers and refuses a Conv1D by name. The fix belongs in
+# `treemod/quant/_hub.py`'s `_replace_layers` (read a Conv1D through `conv1d_as_linear`).
+GPT2_HUB = pytest.mark.xfail(strict=True, raises=CheckpointError,
+                             reason="from_pretrained refuses a quantised Conv1D")  # fmt: skip
+
+
+@GPT2_HUB
+@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+def test_transformers_quantised_gpt2_checkpoints_load(scheme: str, tmp_path: Path) -> None:
+    _float_checkpoint("gpt2", tmp_path / "float")
+    reference = _torch_model("gpt2", tmp_path / "float", scheme)
+    reference.save_pretrained(tmp_path / "quantised")
+    model = from_pretrained(tmp_path / "quantised")
+    back = tm.state_dict(quant.dequantise(model))
+    for name, module in _quantised_modules(reference).items():
+        assert np.array_equal(np.asarray(back[f"{name}.weight"]).T, _dequantised(module)), name
+    for module in _quantised_modules(reference).values():
+        module.train()  # float32 dequantise-then-matmul, as in the QLoRA test
+    with torch.no_grad():
+        want = reference(input_ids=torch.from_numpy(IDS)).logits.numpy()
+    got = np.asarray(model(input_ids=IDS))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def is_stack(x: Any) -> bool:
+    return isinstance(x, nn.Stack)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_remat_gives_the_same_qlora_gradients(family: str, tmp_path: Path) -> None:
+    """`from_pretrained(..., remat=True)` keeps rematerialising after `quantise` and `add_lora`
+    (the rewrites restack the layers), with the gradients of the model without it."""
+    _float_checkpoint(family, tmp_path)
+    targets = FAMILIES[family][2]
+    grads, checkpoints = [], []
+    for remat in (False, True):
+        base = quant.quantise(from_pretrained(tmp_path, remat=remat), targets, "nf4")
+        # Random B (it starts at zero), so that A gets a gradient too.
+        tuned = randomise_b(lora.add_lora(base, targets, r=4, alpha=8, key=jax.random.key(1)))
+        adapters, frozen = tm.partition(tuned, lora.trainable(tuned))
+
+        def loss(adapters: Any, frozen: Any = frozen) -> Any:
+            return _loss(tm.combine(adapters, frozen)(input_ids=IDS), jnp)
+
+        stacks = [x for x in jax.tree_util.tree_leaves(tuned, is_leaf=is_stack) if is_stack(x)]
+        assert stacks and all(s.remat is remat for s in stacks)
+        grads.append(tm.filter_jit(tm.filter_grad(loss))(adapters))
+        jaxpr = str(tm.filter_make_jaxpr(tm.filter_grad(loss))(adapters)[0])
+        # jax.checkpoint's primitive: `remat2` in the printed jaxpr (`checkpoint` in some JAXes)
+        checkpoints.append(jaxpr.count("remat") + jaxpr.count("checkpoint["))
+    # The quantised layers checkpoint their slices either way; remat adds the layers'.
+    assert checkpoints[1] > checkpoints[0]
+    # Recomputing runs the same float32 operations, which XLA may fuse otherwise.
+    for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads), strict=True):
+        scale = float(jnp.max(jnp.abs(a)))
+        assert scale > 0 and float(jnp.max(jnp.abs(a - b))) <= 1e-5 * scale
