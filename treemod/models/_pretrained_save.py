@@ -87,9 +87,10 @@ def save_pretrained(
     `model.safetensors.index.json` when they exceed `max_shard_size`. Tied weights are written
     once, under the name they are tied to. The generation defaults the model was loaded with
     (`model.config.generation`) go to `generation_config.json`. Other files in the directory (a
-    tokenizer) are kept; old weight files and generation config are replaced. `NF4Linear` and
-    `Int8Linear` layers are written in `transformers`' bitsandbytes layout, with its
-    `quantization_config`.
+    tokenizer) are kept; old weight files and generation config are replaced. Quantised layers
+    are written as `transformers` loads them, with their `quantization_config`: `NF4Linear`
+    (and FP4) and `Int8Linear` in its bitsandbytes layout, `Int4Linear` as GPTQ, and layers
+    loaded from GPTQ, AWQ or compressed-tensors files as they were read.
 
     A model split over devices is written a shard at a time, never a whole tensor on the host.
     When its arrays span processes, every process calls `save_pretrained` with the same `path`
