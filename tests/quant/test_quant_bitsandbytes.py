@@ -1,6 +1,6 @@
-"""The formats against their definitions' reference implementations: NF4 and int8 against
+"""The formats against their definitions' reference implementations: NF4, FP4 and int8 against
 bitsandbytes' own quantiser on the CPU (bit for bit), int4 against GPTQ's `Quantizer` written
-in NumPy."""
+in NumPy. (`test_bitsandbytes_fuzz.py` fuzzes the bitsandbytes formats.)"""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import treemod as tm
 import treemod.nn as nn
 import treemod.quant as quant
 from treemod.quant import _formats as fmt
+from treemod.quant._layers import nf4_unit, row_slices
 
 torch = pytest.importorskip("torch")
 F = pytest.importorskip("bitsandbytes.functional")
@@ -40,6 +41,8 @@ def test_the_code_tables_are_bitsandbytes() -> None:
     assert np.array_equal(_bits(fmt.DYNAMIC_CODE), _bits(F.create_dynamic_map(signed=True).numpy()))
     nf4 = F.get_4bit_type("nf4", device="cpu").numpy()
     assert np.array_equal(_bits(fmt.NF4_CODE), _bits(nf4))
+    fp4 = F.get_4bit_type("fp4", device="cpu").numpy()
+    assert np.array_equal(_bits(fmt.FP4_CODE), _bits(fp4))
 
 
 @pytest.mark.parametrize(("shape", "block"), SHAPES)
@@ -90,6 +93,34 @@ def test_nf4_with_double_quantisation_matches_bitsandbytes(
     )  # fmt: skip
     assert np.array_equal(_bits(np.asarray(theirs.dequantised_weight().astype(jnp.float32))),
                           _bits(want))  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "block"), SHAPES)
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_fp4_is_bitsandbytes_bit_for_bit(
+    shape: tuple[int, int], block: int, double_quant: bool
+) -> None:
+    w = _weights(shape, seed=5)
+    packed, state = F.quantize_4bit(
+        torch.from_numpy(w), blocksize=block, compress_statistics=double_quant, quant_type="fp4"
+    )
+    ours = fmt.quantise_4bit(jnp.asarray(w), block, double_quant, "fp4")
+    assert np.array_equal(np.asarray(ours["packed"]), packed.numpy().ravel())
+    if not double_quant:
+        assert np.array_equal(_bits(np.asarray(ours["absmax"])), _bits(state.absmax.numpy()))
+    # bitsandbytes' arrays in an FP4 NF4Linear dequantise to bitsandbytes' values. (Its scalar
+    # CPU kernel, for rows not a multiple of 16, gives level 8 as -0.0: `+ 0.0` makes it 0.0.)
+    layer = quant.NF4Linear(
+        weight=jnp.asarray(packed.numpy().ravel()),
+        absmax=jnp.asarray(state.absmax.numpy()),
+        nested_absmax=jnp.asarray(state.state2.absmax.numpy()) if double_quant else None,
+        offset=jnp.asarray(state.offset.numpy()) if double_quant else None,
+        block_size=block, quant_type="fp4", bias=None, in_features=shape[1],
+        out_features=shape[0], dtype="float32",
+        slices=row_slices(shape[0], nf4_unit(shape[1], block)),
+    )  # fmt: skip
+    want = F.dequantize_4bit(packed, state).numpy() + np.float32(0)
+    assert np.array_equal(_bits(np.asarray(layer.dequantised_weight())), _bits(want))
 
 
 def test_int8_is_bitsandbytes_row_wise_int8() -> None:

@@ -1,5 +1,5 @@
-"""`Int8Linear`, `NF4Linear` and `Int4Linear`: linear layers over quantised weights whose matmul
-dequantises one slice of rows at a time inside the compiled program."""
+"""`Int8Linear`, `NF4Linear` (NF4 or FP4) and `Int4Linear`: linear layers over quantised weights
+whose matmul dequantises one slice of rows at a time inside the compiled program."""
 
 from __future__ import annotations
 
@@ -124,12 +124,14 @@ class Int8Linear(QuantLinear):
 
 
 class NF4Linear(QuantLinear):
-    """NF4 weights exactly as bitsandbytes' `Linear4bit` holds them: the row-major weight in
-    blocks of `block_size`, each scaled by its absmax and rounded to the nearest of 16 normal
-    levels, two levels a byte; with double quantisation the absmax values are themselves
-    8-bit in blocks of 256 around their mean (`offset`).
+    """bitsandbytes' 4-bit weights exactly as its `Linear4bit` holds them: the row-major
+    weight in blocks of `block_size`, each scaled by its absmax and rounded to the nearest of
+    16 levels, two levels a byte; with double quantisation the absmax values are themselves
+    8-bit in blocks of 256 around their mean (`offset`). The levels are NF4's normal ones
+    (the default) or FP4's (`quant_type="fp4"`); nothing else differs.
 
-    Built by `treemod.quant.quantise(model, ..., scheme="nf4")`; see `QuantLinear`.
+    Built by `treemod.quant.quantise(model, ..., scheme="nf4")` (or `"fp4"`) and by loading a
+    bitsandbytes 4-bit checkpoint; see `QuantLinear`.
 
     Arguments:
         weight: uint8 `(out * in // 2,)`, the packed levels.
@@ -137,6 +139,7 @@ class NF4Linear(QuantLinear):
         nested_absmax: float32 `(ceil(blocks / 256),)`, or `None`.
         offset: the float32 mean subtracted from the absmax values, or `None`.
         block_size: bitsandbytes' `blocksize`.
+        quant_type: bitsandbytes' `quant_type`, `"nf4"` or `"fp4"`.
     """
 
     weight: Array
@@ -144,16 +147,37 @@ class NF4Linear(QuantLinear):
     nested_absmax: Array | None
     offset: Array | None
     block_size: int = field(static=True)
+    quant_type: str = field(static=True, default="nf4")
+
+    def __check_init__(self) -> None:
+        if self.quant_type not in fmt.CODES_4BIT:
+            raise ValueError(
+                f"NF4Linear: quant_type must be one of {sorted(fmt.CODES_4BIT)} (bitsandbytes' "
+                f"4-bit types); got {self.quant_type!r}."
+            )
+        offset = self.offset
+        if (
+            isinstance(offset, jax.Array)
+            and not isinstance(offset, jax.core.Tracer)
+            and not bool(jnp.all(jnp.isfinite(offset)))
+        ):
+            raise ValueError(
+                "NF4Linear: the double quantisation's offset (the mean of the blocks' absmax "
+                "values) is not finite: the absmax values overflow float32. Quantise this "
+                "layer with double_quant=False."
+            )
 
     def sliced(self) -> tuple[Array, ...]:
         """The packed levels and their blocks' float32 absmax, in `slices` slices."""
-        absmax = fmt.nf4_absmax(self.absmax, self.nested_absmax, self.offset)
+        absmax = fmt.absmax_4bit(self.absmax, self.nested_absmax, self.offset)
         n = self.slices
         return self.weight.reshape(n, -1), absmax.reshape(n, -1)
 
     def dequantise_slice(self, arrays: tuple[Array, ...]) -> Array:
-        """`NF4_CODE[level] * absmax` in float32, cast to `dtype`."""
-        flat = fmt.dequantise_nf4(arrays[0], arrays[1], self.block_size, self.dtype)
+        """`level value * absmax` in float32, cast to `dtype`."""
+        flat = fmt.dequantise_4bit(
+            arrays[0], arrays[1], self.block_size, self.dtype, self.quant_type
+        )
         return flat.reshape(-1, self.in_features)
 
 
@@ -186,7 +210,7 @@ class Int4Linear(QuantLinear):
 
 
 def nf4_unit(in_features: int, block_size: int) -> int:
-    """The fewest rows that hold whole NF4 blocks (a slice of rows must)."""
+    """The fewest rows that hold whole 4-bit blocks (a slice of rows must)."""
     return block_size // math.gcd(in_features, block_size)
 
 
