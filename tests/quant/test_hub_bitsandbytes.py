@@ -1,4 +1,5 @@
-"""bitsandbytes checkpoints as transformers writes them, in and out: written by transformers with
+"""bitsandbytes checkpoints (NF4, FP4, int8) as transformers writes them, in and out: written by
+transformers with
 bitsandbytes' CPU backend (`BitsAndBytesConfig`, `save_pretrained`) from a small random Llama,
 loaded by `from_pretrained` into treemod's quantised layers with the stored arrays as they are
 (dequantised bit for bit as `bitsandbytes.functional` dequantises them), and written back by
@@ -10,15 +11,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hub_checks import quantization_configs, with_config
 
+import treemod as tm
+import treemod.lora as lora
 import treemod.nn as nn
 import treemod.quant as quant
 from treemod import CheckpointError
+from treemod.lora._select import rewrite_named
 from treemod.models import from_pretrained, save_pretrained
+from treemod.quant import _formats as fmt
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +40,10 @@ SCHEMES = {
     "nf4-double": dict(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True
     ),
+    "fp4": dict(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=False),
+    "fp4-double": dict(
+        load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=True
+    ),
     "int8": dict(load_in_8bit=True),
 }
 
@@ -44,7 +54,7 @@ def _bits(x: Any) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A float Llama and its three bitsandbytes checkpoints, all written by transformers."""
+    """A float Llama and its bitsandbytes checkpoints, all written by transformers."""
     root = tmp_path_factory.mktemp("hub")
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -120,6 +130,8 @@ def test_loads_the_stored_arrays_and_dequantises_as_bitsandbytes(
         for proj in PROJ:
             ours = _layer(model, i, proj)
             assert type(ours) is want_cls
+            if scheme != "int8":
+                assert ours.quant_type == scheme[:3]
             section = "self_attn" if proj in PROJ[:4] else "mlp"
             name = f"model.layers.{i}.{section}.{proj}"
             # The packed arrays are the file's, as they are.
@@ -159,17 +171,20 @@ def test_treemod_quantised_models_save_what_transformers_loads(
     hub: dict[str, Path], scheme: str, tmp_path: Path
 ) -> None:
     float_model = from_pretrained(hub["float"])
-    kind = "int8" if scheme == "int8" else "nf4"
-    model = quant.quantise(float_model, PROJ, kind, double_quant=scheme == "nf4-double")
+    double = scheme.endswith("-double")
+    if scheme.startswith("fp4"):
+        model = _quantise_fp4(float_model, double)
+    else:
+        model = quant.quantise(float_model, PROJ, scheme.split("-")[0], double_quant=double)
     save_pretrained(model, tmp_path)
     ours, theirs = _headers(tmp_path), _headers(hub[scheme])
-    if scheme == "nf4-double":  # the JSON state's length follows the offset's printed digits
+    if double:  # the JSON state's length follows the offset's printed digits
         ours, theirs = ({k: (d, s if "quant_state" not in k else ()) for k, (d, s) in h.items()}
                         for h in (ours, theirs))  # fmt: skip
     assert ours == theirs  # transformers' names, dtypes and shapes
-    # NF4 without double quantisation is bitsandbytes' quantiser bit for bit: transformers'
+    # 4-bit without double quantisation is bitsandbytes' quantiser bit for bit: transformers'
     # very bytes. (Its int8 path rounds the weights to float16 before quantising them.)
-    if scheme == "nf4":
+    if scheme in ("nf4", "fp4"):
         theirs = safetensors_torch.load_file(hub[scheme] / "model.safetensors")
         ours = safetensors_torch.load_file(tmp_path / "model.safetensors")
         for name, value in theirs.items():
@@ -193,7 +208,10 @@ def test_unsupported_methods_and_options_are_refused_by_name(
     for i, (change, words) in enumerate([
         ({"quant_method": "hqq"}, ["quant_method='hqq'", "'bitsandbytes'", "'gptq'", "'awq'",
                                     "'compressed-tensors'"]),
-        ({"bnb_4bit_quant_type": "fp4"}, ["bnb_4bit_quant_type='fp4'", "'nf4'"]),
+        ({"bnb_4bit_quant_type": "af4"}, ["bnb_4bit_quant_type='af4'", "'nf4'", "'fp4'"]),
+        # The config's 4-bit type and the layers' states must agree.
+        ({"bnb_4bit_quant_type": "fp4"}, ["bitsandbytes__nf4 is a 'nf4' state",
+                                          "bnb_4bit_quant_type is 'fp4'"]),
         ({"bnb_4bit_quant_storage": "bfloat16"}, ["bnb_4bit_quant_storage='bfloat16'"]),
         ({"load_in_8bit": True}, ["load_in_4bit=True and load_in_8bit=True"]),
     ]):  # fmt: skip
@@ -202,11 +220,78 @@ def test_unsupported_methods_and_options_are_refused_by_name(
             from_pretrained(directory)
         for word in [str(directory / "config.json"), *words]:
             assert word in str(info.value)
-    int4 = quant.quantise(from_pretrained(hub["float"]), PROJ, "int4", group_size=32)
-    with pytest.raises(ValueError, match="Int4Linear.*dequantise"):
-        save_pretrained(int4, tmp_path / "int4")
     # A model dequantised again saves as a float checkpoint (no quantization_config).
     back = quant.dequantise(from_pretrained(hub["int8"]))
     assert isinstance(back.model.layers.layers.self_attn.q_proj, nn.Linear)
     save_pretrained(back, tmp_path / "float")
     assert "quantization_config" not in json.loads((tmp_path / "float/config.json").read_text())
+
+
+def _quantise_fp4(model: Any, double_quant: bool) -> Any:
+    """`model` with `PROJ` as FP4 `NF4Linear`s made by `fmt.quantise_4bit`, as `quantise` makes
+    NF4 ones (`quantise` itself has no "fp4" scheme)."""
+
+    def visit(node: Any, name: str) -> Any:
+        if not isinstance(node, nn.Linear) or name.rsplit(".", 1)[-1] not in PROJ:
+            return None
+        state = fmt.quantise_4bit(node.weight, 64, double_quant, "fp4")
+        return quant.NF4Linear(
+            weight=state["packed"], absmax=state["absmax"],
+            nested_absmax=state.get("nested_absmax"), offset=state.get("offset"),
+            block_size=64, quant_type="fp4", slices=1, bias=node.bias,
+            in_features=node.in_features, out_features=node.out_features,
+            dtype=jnp.dtype(node.weight.dtype).name,
+        )  # fmt: skip
+
+    return rewrite_named(model, visit, caller="quantise")
+
+
+def _adapted(base: Any) -> Any:
+    """`base` with LoRA on `PROJ` and a random B (it starts at zero, which would leave A's
+    gradients zero)."""
+    tuned = lora.add_lora(base, PROJ, r=4, alpha=8, key=jax.random.key(3))
+    keys = iter(jax.random.split(jax.random.key(4), 100))
+
+    def one(layer: Any) -> Any:
+        w = layer.lora_B.weight
+        return tm.tree_at(
+            lambda m: m.lora_B.weight, layer, 0.3 * jax.random.normal(next(keys), w.shape)
+        )
+
+    with tm.shape_checks(False):  # a LoRA layer of a Stack holds stacked arrays
+        return jax.tree_util.tree_map(
+            lambda x: one(x) if lora.is_lora_layer(x) else x, tuned, is_leaf=lora.is_lora_layer
+        )
+
+
+def _adapter_grads(tuned: Any) -> list[Any]:
+    adapters, frozen = tm.partition(tuned, lora.trainable(tuned))
+
+    def loss(adapters: Any, frozen: Any) -> Any:
+        logits = tm.combine(adapters, frozen)(input_ids=jnp.asarray(IDS))
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    return jax.tree_util.tree_leaves(tm.filter_jit(tm.filter_grad(loss))(adapters, frozen))
+
+
+def test_qlora_over_an_fp4_base_trains_only_the_adapters(hub: dict[str, Path]) -> None:
+    base = from_pretrained(hub["fp4"])
+    grads = _adapter_grads(_adapted(base))
+    # Only the adapters are differentiated (float32 A and B of each projection), never the
+    # packed base; they equal the gradients over bitsandbytes' dequantised float weights.
+    assert {x.dtype for x in grads} == {jnp.dtype("float32")}
+    assert len(grads) == 2 * len(PROJ)
+    want = _adapter_grads(_adapted(quant.dequantise(base)))
+    for g, w in zip(grads, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-7)
+
+
+def test_nf4_and_fp4_layers_in_one_model_are_refused_on_save(
+    hub: dict[str, Path], tmp_path: Path
+) -> None:
+    model = from_pretrained(hub["fp4"])
+    model = tm.tree_at(
+        lambda m: m.lm_head, model, quant.quantise(model, ["lm_head"], "nf4").lm_head
+    )
+    with pytest.raises(ValueError, match=r"NF4Linear layers of quant_type \['fp4', 'nf4'\]"):
+        save_pretrained(model, tmp_path)

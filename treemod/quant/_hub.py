@@ -28,6 +28,7 @@ from ._gptq import gptq_config, gptq_from_int4, gptq_layers, gptq_skeleton_layer
 from ._hub_bitsandbytes import (
     bnb_config,
     bnb_layers,
+    bnb_quant_type,
     bnb_saved,
     bnb_skeleton_layer,
     bnb_view,
@@ -322,7 +323,7 @@ def hub_save(
         "_load_in_8bit": not four,
         "bnb_4bit_compute_dtype": dtype,
         "bnb_4bit_quant_storage": "uint8",
-        "bnb_4bit_quant_type": "nf4" if four else "fp4",
+        "bnb_4bit_quant_type": bnb_quant_type(layers.values()) if four else "fp4",
         "bnb_4bit_use_double_quant": four and first_layer.offset is not None,  # type: ignore[attr-defined]
         "llm_int8_enable_fp32_cpu_offload": False,
         "llm_int8_has_fp16_weight": False,

@@ -1,11 +1,13 @@
-"""bitsandbytes checkpoints as `transformers` writes them: the tensor layout of a 4-bit (NF4) or
-8-bit layer, read into `NF4Linear` / `Int8Linear` as stored and written back the same way.
+"""bitsandbytes checkpoints as `transformers` writes them: the tensor layout of a 4-bit (NF4 or
+FP4) or 8-bit layer, read into `NF4Linear` / `Int8Linear` as stored and written back the same
+way.
 
 A `Linear4bit` at `p` is stored as `p.weight` (uint8 `(n/2, 1)`, the packed levels),
 `p.weight.absmax`, `p.weight.quant_map` (the 16 levels), with double quantisation
 `p.weight.nested_absmax` and `p.weight.nested_quant_map` (bitsandbytes' dynamic map), and
-`p.weight.quant_state.bitsandbytes__nf4`: a JSON object as uint8 bytes with the block size,
-dtype, shape and the nested offset (bitsandbytes' `QuantState.as_dict(packed=True)`). A
+`p.weight.quant_state.bitsandbytes__nf4` (or `__fp4`): a JSON object as uint8 bytes with the
+quant type, block size, dtype, shape and the nested offset (bitsandbytes'
+`QuantState.as_dict(packed=True)`). A
 `Linear8bitLt` at `p` is `p.weight` (int8 `(out, in)`), `p.SCB` (float32 `(out,)`, each row's
 absmax) and `p.weight_format` (uint8 scalar, 0: row-major).
 """
@@ -13,7 +15,7 @@ absmax) and `p.weight_format` (uint8 scalar, 0: row-major).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ __all__ = [
     "BnbLayer",
     "bnb_config",
     "bnb_layers",
+    "bnb_quant_type",
     "bnb_saved",
     "bnb_skeleton_layer",
     "bnb_view",
@@ -44,10 +47,10 @@ class BnbLayer:
 
     Arguments:
         name: the layer's name (`model.layers.0.self_attn.q_proj`).
-        kind: `"nf4"` or `"int8"`.
-        block_size: the NF4 block size (0 for int8).
-        offset: the nested offset (NF4 with double quantisation), else `None`.
-        shape: the float weight's `(out, in)` (NF4; int8 reads it from the weight).
+        kind: `"nf4"`, `"fp4"` or `"int8"`.
+        block_size: the 4-bit block size (0 for int8).
+        offset: the nested offset (4-bit with double quantisation), else `None`.
+        shape: the float weight's `(out, in)` (4-bit; int8 reads it from the weight).
     """
 
     name: str
@@ -58,18 +61,19 @@ class BnbLayer:
 
 
 def bnb_config(qconfig: Mapping[str, Any], where: str) -> str:
-    """The scheme a bitsandbytes `quantization_config` stores: `"nf4"` or `"int8"`.
+    """The scheme a bitsandbytes `quantization_config` stores: `"nf4"`, `"fp4"` or `"int8"`.
 
     Arguments:
         qconfig: `config.json`'s `quantization_config` (`quant_method` `"bitsandbytes"`).
         where: the file, for messages.
 
     Returns:
-        `"nf4"` or `"int8"`.
+        `"nf4"`, `"fp4"` or `"int8"`.
 
     Raises:
-        CheckpointError: FP4, a storage dtype other than uint8, int8 with float weights kept,
-            or neither 4- nor 8-bit; the message names the option.
+        CheckpointError: a 4-bit type other than NF4 and FP4, a storage dtype other than
+            uint8, int8 with float weights kept, or neither 4- nor 8-bit; the message names
+            the option.
     """
     four, eight = bool(qconfig.get("load_in_4bit")), bool(qconfig.get("load_in_8bit"))
     if four == eight:
@@ -78,19 +82,20 @@ def bnb_config(qconfig: Mapping[str, Any], where: str) -> str:
             "a bitsandbytes checkpoint sets exactly one."
         )
     if four:
+        # transformers' default 4-bit type is FP4.
         kind = qconfig.get("bnb_4bit_quant_type", "fp4")
-        if kind != "nf4":
+        if kind not in fmt.CODES_4BIT:
             raise CheckpointError(
                 f"{where}: quantization_config.bnb_4bit_quant_type={kind!r} is not read; "
-                "treemod reads bitsandbytes' 'nf4' 4-bit checkpoints (and 8-bit ones)."
+                "treemod reads bitsandbytes' 'nf4' and 'fp4' 4-bit checkpoints (and 8-bit ones)."
             )
         storage = qconfig.get("bnb_4bit_quant_storage", "uint8")
         if storage != "uint8":
             raise CheckpointError(
                 f"{where}: quantization_config.bnb_4bit_quant_storage={storage!r} is not read; "
-                "treemod reads NF4 levels packed in uint8 (transformers' default)."
+                "treemod reads 4-bit levels packed in uint8 (transformers' default)."
             )
-        return "nf4"
+        return str(kind)
     if qconfig.get("llm_int8_has_fp16_weight"):
         raise CheckpointError(
             f"{where}: quantization_config.llm_int8_has_fp16_weight=true keeps float weights; "
@@ -116,8 +121,8 @@ def _same_table(read: Read, name: str, table: np.ndarray, where: str) -> None:
         got.astype(np.float32).view(np.uint32), table.view(np.uint32)
     ):
         raise CheckpointError(
-            f"{where}: {name} is not bitsandbytes' standard code table; treemod's NF4 layers "
-            "use the standard NF4 levels and dynamic map only."
+            f"{where}: {name} is not bitsandbytes' standard code table; treemod's 4-bit layers "
+            "use the standard NF4 or FP4 levels and dynamic map only."
         )
 
 
@@ -127,7 +132,7 @@ def bnb_layers(
     """The quantised layers of a bitsandbytes checkpoint, by name, checked.
 
     Arguments:
-        kind: `"nf4"` or `"int8"` (`bnb_config`).
+        kind: `"nf4"`, `"fp4"` or `"int8"` (`bnb_config`).
         tensors: the checkpoint's tensors by name (each with `.shape` and `.dtype`).
         read: reads one tensor whole.
         where: the checkpoint directory, for messages.
@@ -136,8 +141,8 @@ def bnb_layers(
         Each quantised layer's `BnbLayer`.
 
     Raises:
-        CheckpointError: a state that is not NF4, a block size bitsandbytes does not make, a
-            non-standard code table or a weight format other than row-major.
+        CheckpointError: a state of another 4-bit type than `kind`, a block size bitsandbytes
+            does not make, a non-standard code table or a weight format other than row-major.
     """
     out: dict[str, BnbLayer] = {}
     if kind == "int8":
@@ -157,9 +162,10 @@ def bnb_layers(
             continue
         p, quant_type = name.split(STATE)
         state = _state(read, name, where)
-        if quant_type != "nf4" or state.get("quant_type") != "nf4":
+        if quant_type != kind or state.get("quant_type") != kind:
             raise CheckpointError(
-                f"{where}: {name} is a {state.get('quant_type')!r} state; treemod reads NF4."
+                f"{where}: {name} is a {state.get('quant_type')!r} state; the config's "
+                f"bnb_4bit_quant_type is {kind!r}."
             )
         block = state.get("blocksize")
         nested = "nested_offset" in state
@@ -171,11 +177,11 @@ def bnb_layers(
                 f"{state.get('nested_blocksize')!r}; treemod reads bitsandbytes' block sizes "
                 "(32 to 4096, nested 256)."
             )
-        _same_table(read, f"{p}.weight.quant_map", fmt.NF4_CODE, where)
+        _same_table(read, f"{p}.weight.quant_map", fmt.code_4bit(kind), where)
         if nested:
             _same_table(read, f"{p}.weight.nested_quant_map", fmt.DYNAMIC_CODE, where)
         offset = float(state["nested_offset"]) if nested else None
-        out[p] = BnbLayer(p, "nf4", int(block), offset, tuple(state.get("shape", ())))
+        out[p] = BnbLayer(p, kind, int(block), offset, tuple(state.get("shape", ())))
     return out
 
 
@@ -202,7 +208,7 @@ def bnb_skeleton_layer(layer: Any, hub: BnbLayer, where: str) -> Any:
         )
     if hub.shape != (n_out, n_in):
         raise CheckpointError(
-            f"{where}: {hub.name}{STATE}nf4 says shape {list(hub.shape)}; the model's layer "
+            f"{where}: {hub.name}{STATE}{hub.kind} says shape {list(hub.shape)}; the model's layer "
             f"is {n_out}x{n_in}. The checkpoint is of another config."
         )
     blocks = -(-n_out * n_in // hub.block_size)
@@ -213,6 +219,7 @@ def bnb_skeleton_layer(layer: Any, hub: BnbLayer, where: str) -> Any:
         nested_absmax=jnp.zeros((-(-blocks // fmt.NESTED_BLOCK),), jnp.float32) if nested else None,
         offset=jnp.zeros((), jnp.float32) if nested else None,
         block_size=hub.block_size,
+        quant_type=hub.kind,
         slices=row_slices(n_out, nf4_unit(n_in, hub.block_size)),
         **common,
     )
@@ -243,7 +250,7 @@ def bnb_view(
         w = out[f"{p}.weight"]
         out[f"{p}.weight"] = renamed(w, shape=(int(np.prod(w.shape)),))
         out[f"{p}.absmax"] = renamed(out.pop(f"{p}.weight.absmax"), name=f"{p}.absmax")
-        for gone in ("quant_map", "nested_quant_map", "quant_state.bitsandbytes__nf4"):
+        for gone in ("quant_map", "nested_quant_map", f"quant_state.bitsandbytes__{hub.kind}"):
             out.pop(f"{p}.weight.{gone}", None)
         if hub.offset is not None:
             nested = out.pop(f"{p}.weight.nested_absmax")
@@ -271,7 +278,7 @@ def bnb_saved(layer: Any, p: str, named: Mapping[str, Any]) -> dict[str, Any]:
             f"{p}.weight_format": np.array(0, np.uint8),
         }
     state: dict[str, Any] = {
-        "quant_type": "nf4",
+        "quant_type": layer.quant_type,
         "blocksize": layer.block_size,
         "dtype": layer.dtype,
         "shape": [layer.out_features, layer.in_features],
@@ -279,7 +286,7 @@ def bnb_saved(layer: Any, p: str, named: Mapping[str, Any]) -> dict[str, Any]:
     out = {
         f"{p}.weight": np.asarray(named[f"{p}.weight"]).reshape(-1, 1),
         f"{p}.weight.absmax": named[f"{p}.absmax"],
-        f"{p}.weight.quant_map": fmt.NF4_CODE,
+        f"{p}.weight.quant_map": fmt.code_4bit(layer.quant_type),
     }
     if layer.offset is not None:
         out[f"{p}.weight.nested_absmax"] = named[f"{p}.nested_absmax"]
@@ -290,5 +297,28 @@ def bnb_saved(layer: Any, p: str, named: Mapping[str, Any]) -> dict[str, Any]:
             nested_offset=float(np.asarray(named[f"{p}.offset"], np.float32)),
         )
     # bitsandbytes' `pack_dict_to_tensor`: `json.dumps` with its default separators, as bytes.
-    out[f"{p}{STATE}nf4"] = np.frombuffer(json.dumps(state).encode("utf-8"), np.uint8).copy()
+    out[f"{p}{STATE}{layer.quant_type}"] = np.frombuffer(
+        json.dumps(state).encode("utf-8"), np.uint8
+    ).copy()
     return out
+
+
+def bnb_quant_type(layers: Iterable[Any]) -> str:
+    """The one `bnb_4bit_quant_type` of a model's 4-bit layers (`"nf4"` without any).
+
+    Arguments:
+        layers: the model's quantised layers.
+
+    Returns:
+        `"nf4"` or `"fp4"`.
+
+    Raises:
+        ValueError: NF4 and FP4 layers together (transformers' config holds one type).
+    """
+    kinds = sorted({layer.quant_type for layer in layers if isinstance(layer, NF4Linear)})
+    if len(kinds) > 1:
+        raise ValueError(
+            f"save_pretrained: the model holds NF4Linear layers of quant_type {kinds}; "
+            "transformers' bnb_4bit_quant_type is one. Quantise with one scheme."
+        )
+    return kinds[0] if kinds else "nf4"
