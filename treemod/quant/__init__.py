@@ -2,8 +2,9 @@
 
 `quantise` replaces the selected `Linear` layers with `Int8Linear`, `NF4Linear` or
 `Int4Linear`, whose matmul dequantises a slice of rows at a time inside the compiled program;
-`dequantise` gives the float model back. `treemod.lora.add_lora` adapts quantised layers
-(QLoRA).
+`dequantise` gives the float model back. `NF4Linear` also holds bitsandbytes' FP4
+(`quant_type="fp4"`, as FP4 checkpoints load). `treemod.lora.add_lora` adapts quantised
+layers (QLoRA).
 """
 
 from treemod.quant._awq import AWQLinear
