@@ -275,9 +275,10 @@ def tuned(arch: str, p: float) -> Any:
     return lora_training(randomise_b(adapted))
 
 
-def run(arch: str) -> Callable[..., Any]:
+def base_and_dropped(arch: str) -> Callable[..., Any]:
+    """`(base model, other model, key) -> both outputs at the key`, one compiled program."""
     _, inputs = CASES[arch]
-    return tm.filter_jit(lambda m, key: m(**inputs, key=key))
+    return tm.filter_jit(lambda b, m, key: (b(**inputs, key=key), m(**inputs, key=key)))
 
 
 def lora_layers(model: Any) -> list[Any]:
@@ -295,37 +296,37 @@ FAST = {"GPT2LMHeadModel", "LlamaForCausalLM", "BertForSequenceClassification",
 ARCHS = [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in CASES]
 
 
-def loss_and_grads(model: Any, arch: str, key: Any) -> tuple[Any, Any]:
-    """A squared-output loss and its gradients with respect to the adapters only."""
+def output_and_grads(arch: str) -> Callable[..., Any]:
+    """`(adapters, frozen, key) -> ((loss, output leaves), the adapters' gradients)` of a
+    squared-output loss: the output is its forward pass's, one compiled program for every key."""
     _, inputs = CASES[arch]
-    adapters, frozen = tm.partition(model, lora.trainable(model))
 
-    def loss(adapters: Any) -> Any:
-        out = tm.combine(adapters, frozen)(**inputs, key=key)
-        return sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(out))
+    def loss(adapters: Any, frozen: Any, key: Any) -> tuple[Any, list[Any]]:
+        out = jax.tree_util.tree_leaves(tm.combine(adapters, frozen)(**inputs, key=key))
+        return sum(jnp.sum(jnp.square(x)) for x in out), out
 
-    return tm.filter_jit(tm.filter_value_and_grad(loss))(adapters)
+    return tm.filter_jit(tm.filter_value_and_grad(loss, has_aux=True))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_dropout_one_gives_the_base_output_and_keys_decide_the_rest(arch: str) -> None:
-    call = run(arch)
     key = jax.random.key(7)
-    want = leaves(call(base(arch), key))
+    want, dropped = map(leaves, base_and_dropped(arch)(base(arch), tuned(arch, 1.0), key))
     # p = 1: every adapter's input is zero, so B @ A adds nothing, whatever B is.
-    for got, ref in zip(leaves(call(tuned(arch, 1.0), key)), want, strict=True):
+    for got, ref in zip(dropped, want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     half = tuned(arch, 0.5)
-    first = leaves(call(half, key))
-    again = leaves(call(half, key))
-    other = leaves(call(half, jax.random.key(8)))
+    call = output_and_grads(arch)
+    adapters, frozen = tm.partition(half, lora.trainable(half, []))  # no head trained whole
+    (_, first), grads = call(adapters, frozen, key)
+    (_, again), _ = call(adapters, frozen, key)
+    (_, other), _ = call(adapters, frozen, jax.random.key(8))
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)
     assert any(not np.allclose(a, b) for a, b in zip(first, other, strict=True))
     # The adapters matter at p = 0.5 (B is random), so the p = 1 check above tested them.
     assert any(not np.allclose(a, b) for a, b in zip(first, want, strict=True))
     # Training reaches every A through the dropped-out inputs.
-    _, grads = loss_and_grads(half, arch, key)
     layers = lora_layers(grads)
     assert len(layers) == len(lora_layers(half)) > 0
     for layer in layers:
