@@ -127,3 +127,27 @@ def test_qlora_trains_only_adapters_and_loads_into_peft_over_the_dequantised_bas
         if "lora_" in name:
             key = name.removeprefix("base_model.model.").replace(".default", "")
             np.testing.assert_allclose(names[key], p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_quantised_head_is_not_trained_or_saved_whole(tmp_path: Path) -> None:
+    from treemod.models.bert import BertForSequenceClassification
+
+    config = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_labels": 2}  # fmt: skip
+    model = BertForSequenceClassification.from_config(config, key=jax.random.key(0))
+    q = quant.quantise(model, ["query", "classifier"], "nf4", block_size=32)
+    tuned = lora.add_lora(q, ["query"], r=2, alpha=4, key=jax.random.key(1))
+    # A SEQ_CLS model trains its head whole by default (PEFT's modules_to_save): refused when
+    # the head is quantised, whose only float arrays are its scales.
+    for call, caller in [(lambda: lora.trainable(tuned), "trainable"),
+                         (lambda: lora.save_adapter(tuned, tmp_path), "save_adapter"),
+                         (lambda: lora.trainable(tuned, ["classifier"]), "trainable")]:  # fmt: skip
+        with pytest.raises(ValueError) as info:
+            call()
+        message = str(info.value)
+        for word in [f"{caller}:", "'classifier'", "NF4Linear", "llm_int8_skip_modules"]:
+            assert word in message, (word, message)
+    # Adapters only: the spec marks every LoRA array and nothing of the quantised head.
+    adapters, _ = tm.partition(tuned, lora.trainable(tuned, []))
+    assert adapters.classifier.absmax is None and adapters.classifier.nested_absmax is None
+    lora.save_adapter(tuned, tmp_path, modules_to_save=[], task_type="FEATURE_EXTRACTION")

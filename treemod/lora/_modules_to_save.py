@@ -11,7 +11,7 @@ import jax.tree_util as jtu
 from treemod._module.module import Module
 
 from ._layers import LoRALayer
-from ._select import rewrite_named
+from ._select import AdaptedAsLinear, rewrite_named
 
 __all__ = [
     "TASK_HEADS",
@@ -74,8 +74,9 @@ def saved_modules(
         `{name: module}`.
 
     Raises:
-        ValueError: an entry that is not a non-empty str, an entry that selects nothing, or a
-            selected module holding LoRA layers (PEFT refuses both on one module).
+        ValueError: an entry that is not a non-empty str, an entry that selects nothing, a
+            selected module holding LoRA layers (PEFT refuses both on one module) or a
+            quantised layer (`treemod.quant`'s, whose float arrays are scales).
     """
     bad = [e for e in entries if not isinstance(e, str) or not e]
     if bad:
@@ -101,7 +102,23 @@ def saved_modules(
                 f"{caller}: modules_to_save selects {name!r}, which holds LoRA layers; a module is "
                 "either adapted (target_modules) or saved whole (modules_to_save), as in PEFT."
             )
+        # A quantised layer's float arrays are its scales: training them is not training the
+        # head, and PEFT cannot load them (nor train a bitsandbytes head). Probes (no caller:
+        # which heads a model has) do not train or save.
+        quantised = [x for x in jtu.tree_leaves(module, is_leaf=_is_quantised) if _is_quantised(x)]
+        if caller and quantised:
+            raise ValueError(
+                f"{caller}: modules_to_save selects {name!r}, which holds a quantised "
+                f"{type(quantised[0]).__name__}; a head trained whole stays float (PEFT's too). "
+                "Leave it out of treemod.quant.quantise's target_modules (transformers: "
+                "llm_int8_skip_modules), or train adapters only (modules_to_save=[], and for "
+                "save_adapter a task_type without a head)."
+            )
     return chosen
+
+
+def _is_quantised(x: Any) -> bool:
+    return isinstance(x, AdaptedAsLinear) and not isinstance(x, LoRALayer)
 
 
 def _is_lora(x: Any) -> bool:
