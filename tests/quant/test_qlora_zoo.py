@@ -368,3 +368,21 @@ def test_remat_gives_the_same_qlora_gradients(family: str, tmp_path: Path) -> No
     for a, b in zip(*(jax.tree_util.tree_leaves(g) for g in grads), strict=True):
         scale = float(jnp.max(jnp.abs(a)))
         assert scale > 0 and float(jnp.max(jnp.abs(a - b))) <= 1e-5 * scale
+
+
+def test_gpt2_qlora_dequantised_and_merged_saves_as_gpt2(tmp_path: Path) -> None:
+    """After QLoRA, `dequantise` then `merge` gives a float GPT-2 (Conv1D layers again, the
+    update folded in with PEFT's `fan_in_fan_out`) that transformers loads and runs as treemod
+    ran the adapted quantised model."""
+    _float_checkpoint("gpt2", tmp_path / "float")
+    targets = FAMILIES["gpt2"][2]
+    base = quant.quantise(from_pretrained(tmp_path / "float"), targets, "nf4")
+    tuned = randomise_b(lora.add_lora(base, targets, r=4, alpha=8, key=jax.random.key(2)))
+    merged = lora.merge(quant.dequantise(tuned))
+    save_pretrained(merged, tmp_path / "merged")
+    reference = _torch_model("gpt2", tmp_path / "merged")
+    assert not _quantised_modules(reference)
+    with torch.no_grad():
+        want = reference(input_ids=torch.from_numpy(IDS)).logits.numpy()
+    got = np.asarray(tm.filter_jit(lambda m: m(input_ids=IDS))(tuned))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
