@@ -22,9 +22,7 @@ import treemod.lora as lora
 import treemod.nn as nn
 import treemod.quant as quant
 from treemod import CheckpointError
-from treemod.lora._select import rewrite_named
 from treemod.models import from_pretrained, save_pretrained
-from treemod.quant import _formats as fmt
 
 pytestmark = pytest.mark.slow
 
@@ -172,10 +170,7 @@ def test_treemod_quantised_models_save_what_transformers_loads(
 ) -> None:
     float_model = from_pretrained(hub["float"])
     double = scheme.endswith("-double")
-    if scheme.startswith("fp4"):
-        model = _quantise_fp4(float_model, double)
-    else:
-        model = quant.quantise(float_model, PROJ, scheme.split("-")[0], double_quant=double)
+    model = quant.quantise(float_model, PROJ, scheme.split("-")[0], double_quant=double)
     save_pretrained(model, tmp_path)
     ours, theirs = _headers(tmp_path), _headers(hub[scheme])
     if double:  # the JSON state's length follows the offset's printed digits
@@ -225,25 +220,6 @@ def test_unsupported_methods_and_options_are_refused_by_name(
     assert isinstance(back.model.layers.layers.self_attn.q_proj, nn.Linear)
     save_pretrained(back, tmp_path / "float")
     assert "quantization_config" not in json.loads((tmp_path / "float/config.json").read_text())
-
-
-def _quantise_fp4(model: Any, double_quant: bool) -> Any:
-    """`model` with `PROJ` as FP4 `NF4Linear`s made by `fmt.quantise_4bit`, as `quantise` makes
-    NF4 ones (`quantise` itself has no "fp4" scheme)."""
-
-    def visit(node: Any, name: str) -> Any:
-        if not isinstance(node, nn.Linear) or name.rsplit(".", 1)[-1] not in PROJ:
-            return None
-        state = fmt.quantise_4bit(node.weight, 64, double_quant, "fp4")
-        return quant.NF4Linear(
-            weight=state["packed"], absmax=state["absmax"],
-            nested_absmax=state.get("nested_absmax"), offset=state.get("offset"),
-            block_size=64, quant_type="fp4", slices=1, bias=node.bias,
-            in_features=node.in_features, out_features=node.out_features,
-            dtype=jnp.dtype(node.weight.dtype).name,
-        )  # fmt: skip
-
-    return rewrite_named(model, visit, caller="quantise")
 
 
 def _adapted(base: Any) -> Any:

@@ -67,6 +67,10 @@ def test_errors_name_the_layer_and_the_option() -> None:
         quant.quantise(mlp, ["0", "1"])
     with pytest.raises(ValueError, match=r"'0'.*odd count"):
         quant.quantise(nn.Sequential([nn.Linear(3, 3, key=jax.random.key(0))]), ["0"])
+    with pytest.raises(ValueError, match=r"'0'.*odd count; FP4 packs two a byte"):
+        quant.quantise(nn.Sequential([nn.Linear(3, 3, key=jax.random.key(0))]), ["0"], "fp4")
+    with pytest.raises(ValueError, match=r"`block_size`.*got 48"):
+        quant.quantise(mlp, ["0"], "fp4", block_size=48)
     with pytest.raises(ValueError, match=r"'0'.*in_features=6.*group_size=4"):
         quant.quantise(mlp, ["0"], "int4", group_size=4)
     with pytest.raises(ValueError, match=r"`block_size`.*got 48"):

@@ -27,14 +27,16 @@ from ._layers import (
 
 __all__ = ["conv1d_as_linear", "conv1d_class", "dequantise", "quantise"]
 
-Scheme = Literal["int8", "nf4", "int4"]
+Scheme = Literal["int8", "nf4", "fp4", "int4"]
 BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # bitsandbytes' `quantize_4bit`'s
 
 
 def _check_options(scheme: Any, block_size: Any, group_size: Any) -> None:
-    if scheme not in ("int8", "nf4", "int4"):
-        raise ValueError(f"quantise: `scheme` must be 'int8', 'nf4' or 'int4'; got {scheme!r}.")
-    if scheme == "nf4" and block_size not in BLOCK_SIZES:
+    if scheme not in ("int8", "nf4", "fp4", "int4"):
+        raise ValueError(
+            f"quantise: `scheme` must be 'int8', 'nf4', 'fp4' or 'int4'; got {scheme!r}."
+        )
+    if scheme in ("nf4", "fp4") and block_size not in BLOCK_SIZES:
         raise ValueError(
             f"quantise: `block_size` must be one of {BLOCK_SIZES} (bitsandbytes' block sizes); "
             f"got {block_size!r}."
@@ -77,19 +79,20 @@ def _quantised(
     if scheme == "int8":
         q, absmax = fmt.quantise_int8(w)
         return Int8Linear(weight=q, absmax=absmax, slices=row_slices(n_out, 1), **common)
-    if scheme == "nf4":
+    if scheme in ("nf4", "fp4"):
         if (n_out * n_in) % 2:
             raise ValueError(
                 f"quantise: the Linear at {name!r} has {n_out}x{n_in} weights, an odd count; "
-                "NF4 packs two a byte. Leave it out of target_modules."
+                f"{scheme.upper()} packs two a byte. Leave it out of target_modules."
             )
-        state = fmt.quantise_nf4(w, block_size, double_quant)
+        state = fmt.quantise_4bit(w, block_size, double_quant, scheme)
         return NF4Linear(
             weight=state["packed"],
             absmax=state["absmax"],
             nested_absmax=state.get("nested_absmax"),
             offset=state.get("offset"),
             block_size=block_size,
+            quant_type=scheme,
             slices=row_slices(n_out, nf4_unit(n_in, block_size)),
             **common,
         )
@@ -132,9 +135,10 @@ def quantise(
         target_modules: a list of module names or one regular expression (as `add_lora`).
         scheme: `"int8"`: one scale per output channel (bitsandbytes' LLM.int8 rows);
             `"nf4"`: bitsandbytes' NF4 (blockwise absmax, double quantisation);
+            `"fp4"`: bitsandbytes' FP4 (the same, with FP4's 16 levels);
             `"int4"`: asymmetric int4 with a zero point per group (GPTQ's and AWQ's).
-        block_size: the NF4 block size (bitsandbytes' `blocksize`).
-        double_quant: quantise the NF4 absmax values too (bitsandbytes'
+        block_size: the 4-bit block size (bitsandbytes' `blocksize`).
+        double_quant: quantise the 4-bit absmax values too (bitsandbytes'
             `bnb_4bit_use_double_quant`).
         group_size: the int4 group size along the input.
 
