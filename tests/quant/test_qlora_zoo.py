@@ -25,7 +25,6 @@ import treemod as tm
 import treemod.lora as lora
 import treemod.nn as nn
 import treemod.quant as quant
-from treemod import CheckpointError
 from treemod.models import from_pretrained, save_pretrained
 
 pytestmark = pytest.mark.slow
@@ -100,11 +99,6 @@ SCHEMES: dict[str, dict[str, Any]] = {
 CASES = [("llama", "nf4"), ("qwen2", "nf4-double"), ("mistral", "nf4"), ("gemma", "nf4"),
          ("phi3", "nf4"), ("gpt2", "nf4"), ("gpt2", "int8"), ("bert", "nf4"), ("bert", "int8"),
          ("t5", "nf4")]  # fmt: skip
-# treemod's `save_pretrained` lists its float Linears in `llm_int8_skip_modules`, which replaces
-# transformers' default skips, but not T5's tied lm_head (no Linear in treemod), so transformers
-# quantises that lm_head on loading. The fix belongs in `treemod/quant/_hub.py`'s `_floats`.
-T5_LM_HEAD = pytest.mark.xfail(strict=True, reason="save_pretrained leaves T5's tied lm_head "
-                               "out of llm_int8_skip_modules")  # fmt: skip
 QUANTISED = ("Linear4bit", "Linear8bitLt")
 # Heads trained whole stay float: transformers would quantise them, which PEFT cannot train.
 HEADS = {"bert": ["classifier"]}
@@ -281,9 +275,9 @@ def test_qlora_trains_in_treemod_and_loads_into_peft_over_bitsandbytes(
     assert len(compared - set(adapter_grads)) == 2 * len(HEADS.get(family, []))  # weight, bias
 
 
-@pytest.mark.parametrize(
-    "family", [f if f != "t5" else pytest.param(f, marks=T5_LM_HEAD) for f in FAMILIES]
-)
+# T5's lm_head is tied to its embedding (no Linear in treemod): save_pretrained lists it in
+# llm_int8_skip_modules, which replaces transformers' default skips.
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_quantised_zoo_models_save_what_transformers_loads(family: str, tmp_path: Path) -> None:
     reference, names, base = _quantised_pair(family, "nf4", tmp_path / "float")
     save_pretrained(base, tmp_path / "quantised")
@@ -314,14 +308,7 @@ def test_nf4_rows_shorter_than_a_block_dequantise_as_bitsandbytes_blocks() -> No
     assert np.array_equal(np.asarray(q.dequantised_weight()), want)
 
 
-# transformers quantises GPT-2's Conv1D layers; `from_pretrained` replaces only `Linear`s with
-# the stored quantised layers and refuses a Conv1D by name. The fix belongs in
-# `treemod/quant/_hub.py`'s `_replace_layers` (read a Conv1D through `conv1d_as_linear`).
-GPT2_HUB = pytest.mark.xfail(strict=True, raises=CheckpointError,
-                             reason="from_pretrained refuses a quantised Conv1D")  # fmt: skip
-
-
-@GPT2_HUB
+# transformers quantises GPT-2's Conv1D layers (transposed); from_pretrained reads them so.
 @pytest.mark.parametrize("scheme", ["nf4", "int8"])
 def test_transformers_quantised_gpt2_checkpoints_load(scheme: str, tmp_path: Path) -> None:
     _float_checkpoint("gpt2", tmp_path / "float")

@@ -130,7 +130,7 @@ def save_pretrained(
     # Quantised layers go in transformers' bitsandbytes layout (treemod/quant/_hub.py).
     from treemod.quant._hub import hub_save
 
-    named, quantization, float_names = hub_save(model, named)
+    named, quantization, float_names = hub_save(model, named, model.tied_weights())
     _check_structure(model, float_names)
     for alias in model.tied_weights():
         named.pop(alias, None)

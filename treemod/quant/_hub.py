@@ -12,7 +12,7 @@ renames the layers' arrays to what `transformers` writes and gives the `quantiza
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -34,13 +34,14 @@ from ._hub_bitsandbytes import (
     bnb_view,
 )
 from ._layers import Int8Linear, NF4Linear, QuantLinear
+from ._quantise import conv1d_as_linear, conv1d_class
 
 __all__ = ["hub_loader", "hub_save", "quantised_layers"]
 
 C = TypeVar("C")
 SUPPORTED = (
-    "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4', or load_in_8bit) and 'gptq' "
-    "(bits=4, checkpoint_format='gptq' or 'gptq_v2') and 'compressed-tensors' "
+    "'bitsandbytes' (load_in_4bit with bnb_4bit_quant_type='nf4' or 'fp4', or load_in_8bit) "
+    "and 'gptq' (bits=4, checkpoint_format='gptq' or 'gptq_v2') and 'compressed-tensors' "
     "(format='pack-quantized', int4 or int8 weights) and 'awq' (bits=4, version='gemm')"
 )
 
@@ -115,13 +116,17 @@ def hub_loader(qconfig: Any, checkpoint: C, where: str) -> tuple[Callable[[Any],
 def _replace_layers(
     model: Any, names: set[str], make: Callable[[Any, str], Any], where: str
 ) -> Any:
-    """`model` with the `Linear` at each of `names` replaced by `make(linear, name)`."""
+    """`model` with the `Linear` (or GPT-2's `Conv1D`, as the `Linear` it computes) at each of
+    `names` replaced by `make(linear, name)`."""
     found: set[str] = set()
+    conv1d = conv1d_class()
 
     def visit(node: Any, name: str) -> Any:
         if name not in names or not isinstance(node, Module):
             return None
-        if not isinstance(node, Linear):
+        if conv1d is not None and isinstance(node, conv1d):
+            node = conv1d_as_linear(node)  # transformers quantises GPT-2's Conv1D transposed
+        elif not isinstance(node, Linear):
             raise CheckpointError(
                 f"{where}: the weights hold {name} quantised, but the model's {name} is a "
                 f"{type(node).__name__}, not a Linear."
@@ -211,15 +216,23 @@ def quantised_layers(model: Any) -> dict[str, QuantLinear]:
 
 
 def _floats(model: Any) -> list[str]:
+    """The float layers transformers' bitsandbytes integration would quantise: `Linear`s and
+    GPT-2's `Conv1D`s."""
     out: list[str] = []
+    kinds = (Linear,) if (conv1d := conv1d_class()) is None else (Linear, conv1d)
 
     def visit(node: Any, name: str) -> Any:
-        if isinstance(node, Linear) and name:
+        if isinstance(node, kinds) and name:
             out.append(name)
         return None
 
     rewrite_named(model, visit, caller="save_pretrained")
     return out
+
+
+def _modules_of(names: Iterable[str]) -> set[str]:
+    """The modules of tensor names (`lm_head.weight` -> `lm_head`)."""
+    return {n.rpartition(".")[0] for n in names if "." in n}
 
 
 # Layers whose fields are the checkpoint's own tensors, by class name: the `quant_method` whose
@@ -265,7 +278,7 @@ def _int4_save(
 
 
 def hub_save(
-    model: Any, named: Mapping[str, Any]
+    model: Any, named: Mapping[str, Any], tied: Iterable[str] = ()
 ) -> tuple[dict[str, Any], dict[str, Any] | None, set[str]]:
     """The tensors and `quantization_config` `transformers` writes for `model`: bitsandbytes'
     for NF4 and int8 layers, GPTQ's for int4 ones (`gptq_from_int4`), and a loaded GPTQ, AWQ
@@ -274,6 +287,8 @@ def hub_save(
     Arguments:
         model: the model (with or without quantised layers).
         named: its tensors by treemod's names (`treemod.state_dict`).
+        tied: the names of the tensors tied to another (`lm_head.weight` of a model whose head
+            is its embedding): their modules stay float in transformers too.
 
     Returns:
         `(tensors, quantization_config, float_names)`: the tensors by `transformers`' names,
@@ -327,8 +342,9 @@ def hub_save(
         "bnb_4bit_use_double_quant": four and first_layer.offset is not None,  # type: ignore[attr-defined]
         "llm_int8_enable_fp32_cpu_offload": False,
         "llm_int8_has_fp16_weight": False,
-        # transformers quantises every Linear not listed here, so the float ones are listed.
-        "llm_int8_skip_modules": _floats(model) or None,
+        # transformers quantises every Linear not listed here (a tied head included, which
+        # treemod holds as the embedding), so the float ones are listed.
+        "llm_int8_skip_modules": _floats(model) + sorted(_modules_of(tied)) or None,
         "llm_int8_threshold": 6.0,
         "load_in_4bit": four,
         "load_in_8bit": not four,
