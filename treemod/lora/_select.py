@@ -18,6 +18,7 @@ from treemod._state_dict.walk import entries_of, from_entries, is_tensor, join
 from treemod._tree.filters import combine, is_array, partition
 from treemod._tree.tree_at import tree_at
 from treemod.nn import Conv, Linear, Stack
+from treemod.nn._linear import FanInFanOutLinear
 
 from ._layers import LoRAConv, LoRALayer, LoRALinear
 
@@ -197,14 +198,6 @@ def _lora(x: Any) -> bool:
     return isinstance(x, LoRALayer)
 
 
-def _loaded_class(module_name: str, name: str) -> type[Any] | None:
-    """A class of a higher layer if its module is loaded (a model can hold one only then)."""
-    import sys
-
-    module = sys.modules.get(module_name)
-    return getattr(module, name, None) if module is not None else None
-
-
 def add_lora(
     model: Any,
     target_modules: Targets,
@@ -274,7 +267,6 @@ def wrap_targets(
     (`load_adapter`, whose rank is that of the file's tensors, which it has checked)."""
     r, alpha, dropout, use_rslora = check_hyperparameters(r, alpha, dropout, use_rslora)
     target_modules = check_targets(target_modules)
-    conv1d = _loaded_class("treemod.models.gpt2", "Conv1D")
     found: list[str] = []
     counter = iter(range(1 << 62))
 
@@ -294,7 +286,7 @@ def wrap_targets(
             return LoRALinear.wrap(node, key=k, **common)
         if isinstance(node, AdaptedAsLinear):
             return LoRALinear.wrap(node, key=k, **common)  # QLoRA: a frozen quantised base
-        if conv1d is not None and isinstance(node, conv1d):
+        if isinstance(node, FanInFanOutLinear):  # GPT-2's Conv1D
             return LoRALinear.wrap(node, fan_in_fan_out=True, key=k, **common)
         if isinstance(node, Conv):
             if node.groups != 1 or node.padding_mode != "ZEROS":

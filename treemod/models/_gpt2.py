@@ -31,6 +31,7 @@ from treemod.models._causal_lm import (
 )
 from treemod.models._config_values import Value, defaults, read_config
 from treemod.models._hf_activations import get_activation, hf_activation
+from treemod.nn._linear import FanInFanOutLinear
 
 from ._attention_parts import attend, causal_mask, projection_keys, split_key, token_inputs
 from ._base import PretrainedConfig, PretrainedModel, config_error, register_architecture
@@ -85,7 +86,7 @@ _ALIASES = {
 
 # Axis names for `tm.shard`: Conv1D stores (in, out); attention splits by heads (Megatron).
 @axis_names({"weight": ("embed", "mlp"), "bias": ("mlp",)})
-class Conv1D(Module):
+class Conv1D(Module, FanInFanOutLinear):
     """`transformers`' `Conv1D`: a linear map storing its weight as `(in_features, out_features)`.
 
     Arguments:

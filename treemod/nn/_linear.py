@@ -1,4 +1,4 @@
-"""`Linear` and `Identity`."""
+"""`Linear`, `Identity`, and the `FanInFanOutLinear` contract."""
 
 from __future__ import annotations
 
@@ -15,7 +15,20 @@ from . import init as _init
 from ._batching import Core, batch_apply
 from ._utils import check_size, default_dtype, lead, matmul_t, promote_input, require_key
 
-__all__ = ["Linear", "Identity"]
+__all__ = ["FanInFanOutLinear", "Identity", "Linear"]
+
+
+class FanInFanOutLinear:
+    """The contract a layer declares, by inheriting this class, to compute `x @ weight + bias`
+    with `weight` stored `(in_features, out_features)` (PEFT's `fan_in_fan_out`;
+    `transformers`' `Conv1D`, GPT-2's projections), with fields `weight` and `bias` and built
+    as `cls(weight=..., bias=...)`. `treemod.lora` adapts it with `fan_in_fan_out`, and
+    `treemod.quant` quantises it as the `Linear` it computes (its weight transposed), as
+    `transformers`' bitsandbytes integration does. The packages read the contract from the
+    class; none imports the package that declares it.
+    """
+
+    __slots__ = ()
 
 
 # On its own a Linear is an up projection (hidden `mlp` outputs); `MLP` and attention name theirs.

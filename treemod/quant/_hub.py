@@ -21,6 +21,7 @@ from treemod._module.module import Module
 from treemod._saving.errors import CheckpointError
 from treemod.lora._select import rewrite_named
 from treemod.nn import Linear
+from treemod.nn._linear import FanInFanOutLinear
 
 from ._awq import awq_config, awq_layers, awq_skeleton_layer
 from ._compressed_tensors import packed_config, packed_layers, packed_skeleton_layer
@@ -34,7 +35,7 @@ from ._hub_bitsandbytes import (
     bnb_view,
 )
 from ._layers import Int8Linear, NF4Linear, QuantLinear
-from ._quantise import conv1d_as_linear, conv1d_class
+from ._quantise import fan_in_fan_out_as_linear
 
 __all__ = ["hub_loader", "hub_save", "quantised_layers"]
 
@@ -119,13 +120,12 @@ def _replace_layers(
     """`model` with the `Linear` (or GPT-2's `Conv1D`, as the `Linear` it computes) at each of
     `names` replaced by `make(linear, name)`."""
     found: set[str] = set()
-    conv1d = conv1d_class()
 
     def visit(node: Any, name: str) -> Any:
         if name not in names or not isinstance(node, Module):
             return None
-        if conv1d is not None and isinstance(node, conv1d):
-            node = conv1d_as_linear(node)  # transformers quantises GPT-2's Conv1D transposed
+        if isinstance(node, FanInFanOutLinear):
+            node = fan_in_fan_out_as_linear(node)  # transformers quantises it transposed
         elif not isinstance(node, Linear):
             raise CheckpointError(
                 f"{where}: the weights hold {name} quantised, but the model's {name} is a "
@@ -219,7 +219,7 @@ def _floats(model: Any) -> list[str]:
     """The float layers transformers' bitsandbytes integration would quantise: `Linear`s and
     GPT-2's `Conv1D`s."""
     out: list[str] = []
-    kinds = (Linear,) if (conv1d := conv1d_class()) is None else (Linear, conv1d)
+    kinds = (Linear, FanInFanOutLinear)
 
     def visit(node: Any, name: str) -> Any:
         if isinstance(node, kinds) and name:

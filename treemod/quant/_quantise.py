@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -13,6 +12,7 @@ from treemod._tree.module_info import module_info
 from treemod._tree.tree_at import tree_at
 from treemod.lora._select import Targets, check_targets, matches_target, rewrite_named
 from treemod.nn import Linear
+from treemod.nn._linear import FanInFanOutLinear
 
 from . import _formats as fmt
 from ._layers import (
@@ -25,7 +25,7 @@ from ._layers import (
     row_slices,
 )
 
-__all__ = ["conv1d_as_linear", "conv1d_class", "dequantise", "quantise"]
+__all__ = ["dequantise", "fan_in_fan_out_as_linear", "quantise"]
 
 Scheme = Literal["int8", "nf4", "fp4", "int4"]
 BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # bitsandbytes' `quantize_4bit`'s
@@ -47,16 +47,10 @@ def _check_options(scheme: Any, block_size: Any, group_size: Any) -> None:
         raise ValueError(f"quantise: `group_size` must be an int >= 2; got {group_size!r}.")
 
 
-def conv1d_class() -> type[Any] | None:
-    """GPT-2's `Conv1D` if its module is loaded (a model can hold one only then; `quant` does
-    not import `models`, which is above it)."""
-    module = sys.modules.get("treemod.models.gpt2")
-    return getattr(module, "Conv1D", None) if module is not None else None
-
-
-def conv1d_as_linear(layer: Any) -> Any:
-    """GPT-2's `Conv1D` (weight `(in, out)`) as a `Linear`'s fields: transformers' bitsandbytes
-    integration quantises the transposed `(out, in)` weight, so the packed arrays match its."""
+def fan_in_fan_out_as_linear(layer: Any) -> Any:
+    """A `FanInFanOutLinear` (GPT-2's `Conv1D`, weight `(in, out)`) as a `Linear`'s fields:
+    transformers' bitsandbytes integration quantises the transposed `(out, in)` weight, so the
+    packed arrays match its."""
     n_in, n_out = layer.weight.shape
     return SimpleNamespace(
         weight=layer.weight.T, bias=layer.bias, in_features=n_in, out_features=n_out
@@ -161,7 +155,6 @@ def quantise(
     """
     _check_options(scheme, block_size, group_size)
     targets = check_targets(target_modules, "quantise")
-    conv1d = conv1d_class()
     found: list[str] = []
 
     def visit(node: Any, name: str) -> Any:
@@ -169,8 +162,8 @@ def quantise(
             return None
         if isinstance(node, QuantLinear):
             raise ValueError(f"quantise: the layer at {name!r} is already quantised.")
-        if conv1d is not None and isinstance(node, conv1d):
-            node = conv1d_as_linear(node)
+        if isinstance(node, FanInFanOutLinear):
+            node = fan_in_fan_out_as_linear(node)
         elif not isinstance(node, Linear):
             raise ValueError(
                 f"quantise: target_modules selects {name!r}, a {type(node).__name__}; only "
@@ -225,37 +218,38 @@ def dequantise(model: Any) -> Any:
         return linear
 
     new = rewrite_named(model, visit, caller="dequantise")
-    conv1d = conv1d_class()
-    if conv1d is None or not replaced:
+    if not replaced:
         return new
-    return rewrite_named(new, _conv1d_back(conv1d, replaced), caller="dequantise")
+    return rewrite_named(new, _conv1d_back(replaced), caller="dequantise")
 
 
-def _conv1d_back(conv1d: type[Any], replaced: set[str]) -> Any:
-    """A `rewrite_named` visit that turns each dequantised `Linear` in a field declared
-    `Conv1D` (GPT-2's) back into a `Conv1D`, so the model computes and saves as GPT-2's float
-    checkpoints store it; a LoRA layer there gets PEFT's `fan_in_fan_out` over it."""
+def _conv1d_back(replaced: set[str]) -> Any:
+    """A `rewrite_named` visit that turns each dequantised `Linear` in a field declared a
+    `FanInFanOutLinear` (GPT-2's `Conv1D`) back into one, so the model computes and saves as
+    GPT-2's float checkpoints store it; a LoRA layer there gets PEFT's `fan_in_fan_out`."""
 
-    def to_conv1d(linear: Linear) -> Any:
-        return conv1d(weight=linear.weight.T, bias=linear.bias)
+    def to_conv1d(kind: Any, linear: Linear) -> Any:
+        return kind(weight=linear.weight.T, bias=linear.bias)
 
     def visit(node: Any, name: str) -> Any:
         if not isinstance(node, Module):
             return None
         declared = module_info(type(node)).field_annotations
         new = node
-        for f in [f for f, kind in declared.items() if kind is conv1d]:
+        for f, kind in declared.items():
+            if not (isinstance(kind, type) and issubclass(kind, FanInFanOutLinear)):
+                continue
             value, where = getattr(node, f), f"{name}.{f}" if name else f
 
             def at(m: Any, f: str = f) -> Any:
                 return getattr(m, f)
 
             if where in replaced and isinstance(value, Linear):
-                new = tree_at(at, new, to_conv1d(value))
+                new = tree_at(at, new, to_conv1d(kind, value))
             elif f"{where}.base_layer" in replaced and isinstance(value.base_layer, Linear):
                 adapted = object.__new__(type(value))
                 adapted.__dict__.update(
-                    vars(value), base_layer=to_conv1d(value.base_layer), fan_in_fan_out=True
+                    vars(value), base_layer=to_conv1d(kind, value.base_layer), fan_in_fan_out=True
                 )
                 new = tree_at(at, new, adapted)
         # Such a module's other fields hold no quantised layer (GPT-2's: dropouts), so the
