@@ -218,3 +218,26 @@ def test_load_adapter_refuses_heads_that_do_not_fit_naming_the_tensor(tmp_path: 
     config_file.write_text(json.dumps({**config, "modules_to_save": ["1"]}))
     with pytest.raises(CheckpointError, match=r"missing \['1\.bias', '1\.weight'\]"):
         lora.load_adapter(lora.unload(tuned), tmp_path / "b")
+
+
+def test_an_adapted_head_is_not_also_saved_whole(tmp_path: Path) -> None:
+    # LoRA on the classifier itself: the head is adapted, not trained whole, so the defaults
+    # leave it to the adapters and write no task type (PEFT's SEQ_CLS model would save the head
+    # whole and never adapt it; its plain PeftModel loads these adapters).
+    hf = _saved(T.BertForSequenceClassification, T.BertConfig(**BERT), tmp_path / "base")
+    model = from_pretrained(tmp_path / "base", dtype=jnp.float32)
+    tuned = randomise_b(lora.add_lora(model, ["query", "classifier"], r=2, alpha=4,
+                                      key=jax.random.key(1)), 2)  # fmt: skip
+    flags = _flags(tuned, lora.trainable(tuned))
+    assert {n for n, f in flags.items() if f} == {n for n in flags if ".lora_" in n}
+    lora.save_adapter(tuned, tmp_path / "adapter")
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["task_type"] is None and written["modules_to_save"] is None
+    reference = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        want = reference(input_ids=torch.from_numpy(IDS)).logits.numpy()
+    assert relative_error(np.asarray(tuned(input_ids=jnp.asarray(IDS))), want) <= 1e-5
+    # Asked for SEQ_CLS, it is refused by name: PEFT could not load it.
+    with pytest.raises(ValueError, match=r"task_type 'SEQ_CLS' adapters hold the heads "
+                       r"\['classifier'\] whole, unadapted and float"):  # fmt: skip
+        lora.save_adapter(tuned, tmp_path / "b", task_type="SEQ_CLS")

@@ -24,11 +24,11 @@ from treemod._state_dict.walk import name_tensors
 from ._files import CONFIG, PREFIX, WEIGHTS, adapted_layers, is_adapter_tensor
 from ._layers import LoRALinear
 from ._modules_to_save import (
-    TASK_HEADS,
     default_modules,
+    default_task_type,
     module_tensors,
     saved_modules,
-    task_type_of,
+    task_heads,
 )
 
 __all__ = ["save_adapter"]
@@ -70,7 +70,9 @@ def save_adapter(
         path: the directory (created if needed).
         base_model_name_or_path: recorded in the config, as PEFT does.
         task_type: PEFT's `task_type` (`"CAUSAL_LM"`, `"SEQ_CLS"`, ...); default: the zoo
-            model's (`PretrainedModel.peft_task_type`), else none.
+            model's (`PretrainedModel.peft_task_type`), else none; none too for a classifier
+            whose head is adapted rather than trained whole (PEFT's `SEQ_CLS` and
+            `TOKEN_CLS` models save the head whole; its plain `PeftModel` loads these).
         modules_to_save: modules saved whole (trained with `trainable(model,
             modules_to_save)`), each selected by a name or the end of one; default: the head
             PEFT saves for the task type (`classifier` or `score` for `SEQ_CLS` and
@@ -93,19 +95,20 @@ def save_adapter(
             f"save_adapter: the LoRA layers {merged[:3]} are merged into their weights; call "
             "treemod.lora.unmerge(model) first (a merged model would load with the update twice)."
         )
-    task_type = task_type or task_type_of(model)
+    task_type = task_type or default_task_type(model)
     if modules_to_save is None:
         modules_to_save = default_modules(model, task_type)
         whole = saved_modules(model, modules_to_save or [], "save_adapter", each_must_match=False)
     else:
         modules_to_save = list(modules_to_save)
         whole = saved_modules(model, modules_to_save, "save_adapter")
-    heads = saved_modules(model, TASK_HEADS.get(task_type or "", ()), "", each_must_match=False)
+    heads = task_heads(model, task_type)
     if set(heads) - set(whole):
         raise ValueError(
             f"save_adapter: task_type {task_type!r} adapters hold the heads {sorted(heads)} "
-            "whole (PEFT's loader reads it from the file, and fails without it); keep the "
-            "default modules_to_save, or pass task_type=... of another task."
+            "whole, unadapted and float (PEFT's loader reads them from the file, and fails "
+            "without them); keep the default modules_to_save and a float head without "
+            "adapters, or pass task_type=... of another task."
         )
     named = name_tensors(model, NATIVE_HOOKS)
     kept = set(module_tensors(list(named), list(whole)))

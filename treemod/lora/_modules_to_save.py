@@ -17,8 +17,10 @@ __all__ = [
     "TASK_HEADS",
     "TaskTyped",
     "default_modules",
+    "default_task_type",
     "module_tensors",
     "saved_modules",
+    "task_heads",
     "task_type_of",
     "trainable_ids",
 ]
@@ -84,8 +86,7 @@ def saved_modules(
             f"{caller}: modules_to_save holds {bad[:3]}; it is a list of module names."
         )
     modules = _modules(model)
-    chosen = {n: m for n, m in modules.items() if any(n.endswith(e) for e in entries)}
-    chosen = {n: m for n, m in chosen.items() if not any(n.startswith(o + ".") for o in chosen)}
+    chosen = _select(modules, entries)
     if each_must_match:
         unmatched = [e for e in entries if not any(n.endswith(e) for n in chosen)]
         if unmatched:
@@ -117,6 +118,32 @@ def saved_modules(
     return chosen
 
 
+def _select(modules: dict[str, Any], entries: Sequence[str]) -> dict[str, Any]:
+    """PEFT's selection (a name ending with an entry), outermost only, unchecked."""
+    chosen = {n: m for n, m in modules.items() if any(n.endswith(e) for e in entries)}
+    return {n: m for n, m in chosen.items() if not any(n.startswith(o + ".") for o in chosen)}
+
+
+def _adapted(module: Any) -> bool:
+    """Whether a module is or holds a LoRA layer."""
+    return any(_is_lora(x) for x in jtu.tree_leaves(module, is_leaf=_is_lora))
+
+
+def task_heads(model: Any, task_type: str | None) -> dict[str, Any]:
+    """The heads PEFT adds to `modules_to_save` for `task_type` that the model has."""
+    return _select(_modules(model), TASK_HEADS.get(task_type or "", ()))
+
+
+def default_task_type(model: Any) -> str | None:
+    """The model's PEFT `task_type`, or None when its task's head is adapted rather than
+    trained whole (PEFT's `SEQ_CLS`/`TOKEN_CLS` models always save the head whole and never
+    adapt it; its plain `PeftModel` loads such adapters)."""
+    task = task_type_of(model)
+    if any(_adapted(m) for m in task_heads(model, task).values()):
+        return None
+    return task
+
+
 def _is_quantised(x: Any) -> bool:
     return isinstance(x, AdaptedAsLinear) and not isinstance(x, LoRALayer)
 
@@ -132,11 +159,13 @@ def module_tensors(names: Sequence[str], modules: Sequence[str]) -> list[str]:
 
 def default_modules(model: Any, task_type: str | None) -> list[str] | None:
     """PEFT's `modules_to_save` for `task_type` (the classifier head of `SEQ_CLS` and
-    `TOKEN_CLS`), or None when the task adds none or the model has none of those heads."""
-    heads = TASK_HEADS.get(task_type or "")
-    if heads is None or not saved_modules(model, heads, "", each_must_match=False):
+    `TOKEN_CLS`), or None when the task adds none, the model has none of those heads, or its
+    head is adapted (not trained whole). A quantised head is selected, and refused by the
+    callers: it cannot be trained whole, and a classifier's head is new."""
+    heads = task_heads(model, task_type)
+    if not heads or any(_adapted(m) for m in heads.values()):
         return None
-    return list(heads)
+    return list(TASK_HEADS[task_type or ""])
 
 
 def trainable_ids(model: Any, entries: Sequence[str] | None, caller: str) -> set[int]:
