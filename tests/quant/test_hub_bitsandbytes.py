@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hub_checks import quantization_configs, with_config
+from lora.lora_arrays import randomise_b
 
 import treemod as tm
 import treemod.lora as lora
@@ -225,19 +226,7 @@ def test_unsupported_methods_and_options_are_refused_by_name(
 def _adapted(base: Any) -> Any:
     """`base` with LoRA on `PROJ` and a random B (it starts at zero, which would leave A's
     gradients zero)."""
-    tuned = lora.add_lora(base, PROJ, r=4, alpha=8, key=jax.random.key(3))
-    keys = iter(jax.random.split(jax.random.key(4), 100))
-
-    def one(layer: Any) -> Any:
-        w = layer.lora_B.weight
-        return tm.tree_at(
-            lambda m: m.lora_B.weight, layer, 0.3 * jax.random.normal(next(keys), w.shape)
-        )
-
-    with tm.shape_checks(False):  # a LoRA layer of a Stack holds stacked arrays
-        return jax.tree_util.tree_map(
-            lambda x: one(x) if lora.is_lora_layer(x) else x, tuned, is_leaf=lora.is_lora_layer
-        )
+    return randomise_b(lora.add_lora(base, PROJ, r=4, alpha=8, key=jax.random.key(3)))
 
 
 def _adapter_grads(tuned: Any) -> list[Any]:
