@@ -40,12 +40,17 @@ $(VENV)/.examples: pyproject.toml | $(BIN)/python
 # (`grep -r orbax` over its source finds nothing). The `onnx` extra lists what it does import.
 # GPT-QModel (transformers' loader for GPTQ and AWQ checkpoints, the reference that reads back
 # what treemod saves) without its dependencies: its metadata pulls datasets, pyarrow, torchao and
-# build tools that loading never imports; these seven packages are what loading imports.
+# build tools that loading never imports; these seven packages are what loading imports. They go
+# to their own folder, which only the reference's subprocess puts on its path
+# (tests/quant/hub_checks.py): GPT-QModel patches transformers' and safetensors' globals when
+# imported, and PEFT imports it whenever it is importable, so in the venv it would change other
+# tests' transformers models.
 REFERENCE_LOADERS := gptqmodel==7.7.0 optimum==2.3.0 logbar==0.4.15 device-smi==0.5.7 \
 	tokenicer==0.0.14 pypcre==0.6.4 defuser==0.0.28
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) -e '.[dev,torch,examples,onnx]'
-	$(PIP) --no-deps jax2onnx==0.17.1 $(REFERENCE_LOADERS)
+	$(PIP) --no-deps jax2onnx==0.17.1
+	$(PIP) --no-deps --upgrade --target $(VENV)/reference-loaders $(REFERENCE_LOADERS)
 	touch $@
 
 $(VENV_OLDEST)/.dev: pyproject.toml $(OLDEST) | $(BIN_OLDEST)/python

@@ -62,12 +62,13 @@ def transformers_outputs(
     weight, float32 `(out, in)`), from one fresh interpreter running `hub_transformers.py`.
 
     GPT-QModel patches `safetensors`' and `transformers`' globals when imported, so it never
-    runs in the test process. Without it (or optimum, or accelerate) a GPTQ or AWQ checkpoint's
-    test is skipped, or fails under CI (set `CI`), where the newest end installs them (the
-    Makefile's `REFERENCE_LOADERS`)."""
+    runs in the test process: the Makefile installs it and optimum (`REFERENCE_LOADERS`) into
+    `<venv>/reference-loaders`, which only this subprocess puts on its path. Without them (or
+    accelerate) a GPTQ or AWQ checkpoint's test is skipped, or fails under CI (set `CI`)."""
     import os
     import subprocess
     import sys
+    from importlib.machinery import PathFinder
     from importlib.util import find_spec
 
     import numpy as np
@@ -79,9 +80,13 @@ def transformers_outputs(
     }
     # transformers' GPTQ loader goes through optimum to GPT-QModel, its AWQ one straight there.
     needs = {"gptq": ("gptqmodel", "optimum"), "awq": ("gptqmodel", "accelerate")}
-    missing = sorted({m for k in methods for m in needs.get(k, ()) if not find_spec(m)})
+    loaders = str(Path(sys.prefix) / "reference-loaders")
+    missing = sorted({
+        m for k in methods for m in needs.get(k, ())
+        if not (PathFinder.find_spec(m, [loaders]) or find_spec(m))
+    })  # fmt: skip
     if missing:
-        message = f"{', '.join(missing)} not installed (make installs them on the newest end)"
+        message = f"{', '.join(missing)} not installed (make installs them in {loaders})"
         if os.environ.get("CI"):
             pytest.fail(f"{message}; CI runs the transformers reference, so install them.")
         pytest.skip(message)
@@ -91,7 +96,8 @@ def transformers_outputs(
     (work / "spec.json").write_text(json.dumps(spec))
     # No torch.compile (its C++ build takes longer than the run); GPT-QModel's temporary
     # folders go under `work`; no network.
-    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "TMPDIR": str(work),
+    path = os.pathsep.join(p for p in (loaders, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "TMPDIR": str(work), "PYTHONPATH": path,
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
     script = Path(__file__).with_name("hub_transformers.py")
     done = subprocess.run(
