@@ -102,13 +102,17 @@ def _layer(t: Any, arrays: dict[str, Any], block: int, quant_type: str) -> Any:
     )
 
 
+# Every 4-bit case: a weight, a block size bitsandbytes accepts, NF4 or FP4, double quantisation.
+FOUR_BIT = {
+    "t": weights(),
+    "block": st.sampled_from(BLOCKS),
+    "quant_type": st.sampled_from(["nf4", "fp4"]),
+    "double_quant": st.booleans(),
+}
+
+
 @settings(max_examples=25)
-@given(
-    t=weights(),
-    block=st.sampled_from(BLOCKS),
-    quant_type=st.sampled_from(["nf4", "fp4"]),
-    double_quant=st.booleans(),
-)
+@given(**FOUR_BIT)
 def test_4bit_quantisation_is_bitsandbytes(
     t: Any, block: int, quant_type: str, double_quant: bool
 ) -> None:
@@ -141,12 +145,7 @@ def test_4bit_quantisation_is_bitsandbytes(
 
 
 @settings(max_examples=25)
-@given(
-    t=weights(),
-    block=st.sampled_from(BLOCKS),
-    quant_type=st.sampled_from(["nf4", "fp4"]),
-    double_quant=st.booleans(),
-)
+@given(**FOUR_BIT)
 def test_4bit_dequantisation_is_bitsandbytes(
     t: Any, block: int, quant_type: str, double_quant: bool
 ) -> None:
