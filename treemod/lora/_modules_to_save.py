@@ -131,7 +131,8 @@ def _adapted(module: Any) -> bool:
 
 def task_heads(model: Any, task_type: str | None) -> dict[str, Any]:
     """The heads PEFT adds to `modules_to_save` for `task_type` that the model has."""
-    return _select(_modules(model), TASK_HEADS.get(task_type or "", ()))
+    heads = TASK_HEADS.get(task_type or "")
+    return _select(_modules(model), heads) if heads else {}
 
 
 def default_task_type(model: Any) -> str | None:
